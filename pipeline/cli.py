@@ -1,0 +1,100 @@
+"""`synth-grpo` command line: train, tune, plan, doctor, build-tiny.
+
+Each subcommand imports its module lazily so `--help` and config errors answer in a second,
+before torch or Ray load. Exit codes: 0 ok, 1 run failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help=f"run config YAML (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parent.parent)})")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="GROUP.KEY=VALUE",
+        help="override one config field, e.g. --set optimization.learning_rate=1e-5 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="synth-grpo", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser(
+        "train",
+        help="run GRPO training on Ray (embedded local Ray, or the cluster in RAY_ADDRESS / ray job submit)",
+        description="Train a LoRA policy with TRL GRPO on Ray Train workers, scored by a Ray reward pool. "
+        "With no --config it runs configs/tiny.yaml offline. The same command with the same run name resumes.",
+    )
+    _add_config_args(t)
+    t.add_argument("--address", default=None, help="Ray cluster address to join (default: RAY_ADDRESS, else a local Ray)")
+    t.add_argument("--run-dir", default=None, help="run directory (default: output.root/output.run_name)")
+
+    tu = sub.add_parser("tune", help="Ray Tune search over learning rate, group size and reward weights")
+    _add_config_args(tu)
+    tu.add_argument("--space", default="tune_spaces/default.yaml", help="search space YAML")
+    tu.add_argument("--samples", type=int, default=None, help="number of trials (default: the space's num_samples)")
+    tu.add_argument("--resume", action="store_true", help="resume an interrupted search (Tuner.restore)")
+    tu.add_argument("--address", default=None, help="Ray cluster address to join")
+    tu.add_argument("--name", default=None, help="experiment name (default: <run_name>-tune)")
+
+    pl = sub.add_parser("plan", help="predict GPU memory for a run and the largest num_generations that fits")
+    _add_config_args(pl)
+    g = pl.add_mutually_exclusive_group()
+    g.add_argument("--gpu", default=None, help="GPU preset, e.g. A100-80, H100, L4")
+    g.add_argument("--gpu-mem", type=float, default=None, help="GPU memory in GiB")
+    pl.add_argument("--num-gpus", type=int, default=None, help="GPUs the ZeRO stage shards across (default: from the config)")
+    pl.add_argument("--json", action="store_true", help="print JSON")
+
+    d = sub.add_parser("doctor", help="diagnose a run directory: findings, report.md and plots")
+    d.add_argument("run_dir", metavar="RUN_DIR")
+    d.add_argument("--json", action="store_true", help="print findings as JSON")
+
+    b = sub.add_parser("build-tiny", help="build the offline tiny tokenizer, policy and judge (cached)")
+    b.add_argument("--out", default=None, help="cache folder (default: $SYNTH_GRPO_CACHE or ~/.cache/synth-grpo)")
+    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "build-tiny":
+            from pipeline.tiny import build_tiny_cli
+
+            return build_tiny_cli(args)
+        if args.command == "doctor":
+            from pipeline.doctor import doctor_cli
+
+            return doctor_cli(args)
+        cfg = load_config(args.config, args.overrides)
+        if args.command == "train":
+            from pipeline.train import train_cli
+
+            return train_cli(cfg, args)
+        if args.command == "tune":
+            from pipeline.tune import tune_cli
+
+            return tune_cli(cfg, args)
+        if args.command == "plan":
+            from pipeline.memory import plan_cli
+
+            return plan_cli(cfg, args)
+    except ConfigError as e:
+        print(f"synth-grpo {args.command}: invalid config", file=sys.stderr)
+        for problem in e.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

