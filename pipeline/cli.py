@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("run_dir", metavar="RUN_DIR")
     d.add_argument("--json", action="store_true", help="print findings as JSON")
 
-    b = sub.add_parser("build-tiny", help="build the offline tiny tokenizer, policy and judge (cached)")
+    b = sub.add_parser("build-tiny", help="build the offline tiny tokenizer and policy (cached by a hash of their inputs)")
     b.add_argument("--out", default=None, help="cache folder (default: $SYNTH_GRPO_CACHE or ~/.cache/synth-grpo)")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     return parser

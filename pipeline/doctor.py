@@ -1,0 +1,697 @@
+"""Training health: rules that name the seed's pathologies early, and `synth-grpo doctor RUN_DIR`.
+
+The seed's author found each problem by reading curves after 18,000 steps. These rules read the
+same metric stream (TRL's names, one dict per logged step) and say within the first few hundred
+steps what is wrong, with the numbers they saw and the config key to change.
+
+Rules are pure functions ``rule(history, end, settings, config) -> Finding | None`` that judge
+the first ``end`` logged steps. ``diagnose`` replays a whole run and reports the step at which
+each rule would first have fired live, so the doctor and the live callback
+(``pipeline.health.HealthCallback``) agree. Window sums are kept as prefix sums, so a check is
+O(1)/O(window) and a replay of a long run stays linear.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+# ---------------------------------------------------------------- settings and findings
+
+
+@dataclass(frozen=True)
+class RuleSettings:
+    """Thresholds and windows. Windows count logged steps and grow with the run, so the same
+    defaults judge a 30-step tiny run and an 18,000-step real one."""
+
+    min_window: int = 10  # smallest window (logged steps)
+    window_fraction: float = 0.05  # ... growing to this share of the steps seen
+    max_window: int = 200  # ... but never longer, so a late problem is seen late by at most this
+    clipped_ratio: float = 0.95  # never_stops: mean completions/clipped_ratio at or above
+    entropy_fraction: float = 0.3  # entropy_collapse: below this share of the early entropy
+    early_steps: int = 10  # entropy values averaged for "early"
+    clip_zero: float = 1e-6  # no_effective_update: clip_ratio/region_mean at or below ...
+    reward_std_min: float = 0.01  # ... while reward_std is below this
+    zero_std_fraction: float = 0.5  # zero_variance_groups: mean frac_reward_zero_std above
+    still_clipped: float = 0.1  # length_schedule_ignored: clipped ratio that proves the real cap
+    plateau_min_window: int = 20  # reward_plateau patience (logged steps) ...
+    plateau_fraction: float = 0.25  # ... growing to this share of the steps seen
+    plateau_max_window: int = 1000
+    plateau_min_gain: float = 0.01  # smoothed reward must beat its earlier best by this ...
+    plateau_rel_gain: float = 0.1  # ... or by this share of what it gained before the window
+    smooth: int = 10  # rolling mean for the smoothed reward
+    divergence_min_change: float = 0.01  # judge up and ROUGE-L down by at least this (and 2 SE)
+
+    def window(self, seen: int) -> int:
+        return min(self.max_window, max(self.min_window, int(self.window_fraction * seen)))
+
+    def plateau_window(self, seen: int) -> int:
+        return min(self.plateau_max_window, max(self.plateau_min_window, int(self.plateau_fraction * seen)))
+
+
+@dataclass
+class Finding:
+    rule: str
+    first_step: int  # the logged step at which the rule first held
+    summary: str  # one line with the numbers
+    evidence: dict[str, Any]  # the steps and numbers the rule saw
+    why: str  # why it matters
+    advice: list[str] = field(default_factory=list)  # "config.key: value — reason"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self) -> str:
+        lines = [f"[{self.rule}] step {self.first_step}: {self.summary}", f"  why: {self.why}", "  change:"]
+        lines += [f"    - {a}" for a in self.advice]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- history of logged steps
+
+# A logged row counts as a training step if it has one of these (eval lines and the trainer's
+# final summary line do not).
+TRAIN_KEYS = (
+    "reward", "reward_std", "entropy", "loss", "frac_reward_zero_std", "completions/clipped_ratio",
+    "completions/mean_length", "completions/max_length", "clip_ratio/region_mean",
+)
+CAP = "generation/max_completion_length"
+NAN = float("nan")
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def is_train_row(row: Mapping[str, Any]) -> bool:
+    return any(_num(row.get(k)) is not None for k in TRAIN_KEYS) or any(
+        k.startswith("rewards/") and _num(v) is not None for k, v in row.items()
+    )
+
+
+class History:
+    """The training rows seen so far, as per-key columns with prefix sums (append-only)."""
+
+    def __init__(self, rows: Iterable[Mapping[str, Any]] = ()):
+        self.steps: list[int] = []
+        self._raw: dict[str, list[float]] = {}
+        self._sum: dict[str, list[float]] = {}
+        self._sq: dict[str, list[float]] = {}
+        self._cnt: dict[str, list[int]] = {}
+        self._derived: dict[Any, list[float]] = {}
+        for r in rows:
+            self.append(r)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def append(self, row: Mapping[str, Any]) -> bool:
+        """Add one logged row; returns False (and ignores it) unless it is a training row."""
+        if not is_train_row(row):
+            return False
+        n = len(self.steps)
+        step = _num(row.get("step"))
+        self.steps.append(int(step) if step is not None else (self.steps[-1] + 1 if n else 0))
+        for k, v in row.items():
+            if k not in self._raw and k != "step" and _num(v) is not None:
+                self._raw[k], self._sum[k], self._sq[k], self._cnt[k] = [NAN] * n, [0.0] * (n + 1), [0.0] * (n + 1), [0] * (n + 1)
+        for k, raw in self._raw.items():
+            v = _num(row.get(k))
+            raw.append(NAN if v is None else v)
+            self._sum[k].append(self._sum[k][-1] + (v or 0.0))
+            self._sq[k].append(self._sq[k][-1] + (v or 0.0) ** 2)
+            self._cnt[k].append(self._cnt[k][-1] + (v is not None))
+        return True
+
+    def has(self, key: str) -> bool:
+        return key in self._raw
+
+    def keys(self) -> list[str]:
+        return list(self._raw)
+
+    def values(self, key: str) -> list[float]:
+        """The values present for key, in order."""
+        return [v for v in self._raw.get(key, []) if not math.isnan(v)]
+
+    def value(self, key: str, i: int) -> float | None:
+        raw = self._raw.get(key)
+        return None if raw is None or math.isnan(raw[i]) else raw[i]
+
+    def count(self, key: str, a: int, b: int) -> int:
+        c = self._cnt.get(key)
+        return 0 if c is None else c[b] - c[max(a, 0)]
+
+    def mean(self, key: str, a: int, b: int, min_count: int = 1) -> float | None:
+        """Mean of the values present in rows [a, b); None with fewer than min_count of them."""
+        a = max(a, 0)
+        n = self.count(key, a, b)
+        return None if n < max(min_count, 1) else (self._sum[key][b] - self._sum[key][a]) / n
+
+    def sem(self, key: str, a: int, b: int) -> float:
+        """Standard error of that mean (inf with fewer than 2 values)."""
+        a = max(a, 0)
+        n = self.count(key, a, b)
+        if n < 2:
+            return math.inf
+        m = (self._sum[key][b] - self._sum[key][a]) / n
+        var = max((self._sq[key][b] - self._sq[key][a]) / n - m * m, 0.0) * n / (n - 1)
+        return math.sqrt(var / n)
+
+    def first_index_with(self, key: str, k: int) -> int | None:
+        """Prefix length at which the k-th value of key is present, or None."""
+        c = self._cnt.get(key)
+        if c is None or c[-1] < k:
+            return None
+        return bisect.bisect_left(c, k)
+
+    def smoothed(self, key: str, k: int) -> list[float]:
+        """Rolling mean over k rows (-inf where none), extended lazily as rows arrive."""
+        out = self._derived.setdefault(("smooth", key, k), [])
+        for i in range(len(out), len(self)):
+            m = self.mean(key, i - k + 1, i + 1)
+            out.append(-math.inf if m is None else m)
+        return out
+
+    def running_max(self, key: str, k: int) -> list[float]:
+        """Best smoothed value up to and including each row."""
+        sm = self.smoothed(key, k)
+        out = self._derived.setdefault(("runmax", key, k), [])
+        for i in range(len(out), len(sm)):
+            out.append(max(sm[i], out[-1]) if out else sm[i])
+        return out
+
+
+# ---------------------------------------------------------------- config helpers
+
+
+def _cfg(cfg: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg or {}
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _advice(cfg: Mapping[str, Any] | None, key: str, value: Any, reason: str) -> str:
+    """'key: value (now X) — reason'; the current value is named only when the config is known."""
+    cur = _cfg(cfg, key, _MISSING)
+    now = "" if cfg is None or cur is _MISSING else (" (already set)" if cur == value else f" (now {_fmt(cur)})")
+    return f"{key}: {_fmt(value)}{now} — {reason}"
+
+
+_MISSING = object()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return f"{v:g}"
+    if v is None:
+        return "null"
+    return str(v) if not isinstance(v, (list, dict)) else json.dumps(v)
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def _span(h: History, a: int, b: int) -> list[int]:
+    return [h.steps[max(a, 0)], h.steps[b - 1]]
+
+
+def _lower_lr(cfg: Mapping[str, Any] | None) -> float:
+    try:  # YAML 1.1 reads "5e-5" as a string
+        lr = float(_cfg(cfg, "optimization.learning_rate"))
+    except (TypeError, ValueError):
+        lr = None
+    return 5e-6 if lr is None or lr > 5e-6 else float(f"{lr / 2:.1g}")
+
+
+def _more_generations(cfg: Mapping[str, Any] | None) -> int:
+    g = _cfg(cfg, "generation.num_generations")
+    return 8 if not isinstance(g, int) or g < 8 else 2 * g
+
+
+# ---------------------------------------------------------------- rules
+
+Rule = Callable[[History, int, RuleSettings, "Mapping[str, Any] | None"], "Finding | None"]
+
+
+def never_stops(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
+    w = s.window(end)
+    a = end - w
+    m = h.mean("completions/clipped_ratio", a, end, min_count=max(2, w // 2)) if a >= 0 else None
+    if m is None or m < s.clipped_ratio:
+        return None
+    mx = h.mean("completions/max_length", a, end)
+    ev = {"steps": _span(h, a, end), "logged_steps": w, "clipped_ratio_mean": _r(m),
+          "mean_length": _r(h.mean("completions/mean_length", a, end), 1), "max_length": _r(mx, 1),
+          "threshold": s.clipped_ratio}
+    adv = []
+    if cfg is None or not _num(_cfg(cfg, "rewards.weights.eos")):
+        adv.append(_advice(cfg, "rewards.weights.eos", 1.0, "count the eos component at all"))
+    adv += [
+        _advice(cfg, "rewards.eos_bonus", 0.1, "a bonus when the completion ends with EOS, so stopping is rewarded"),
+        _advice(cfg, "rewards.truncation_penalty", 0.1, "a penalty when it is cut at the cap"),
+        _advice(cfg, "generation.max_completion_length", "adaptive",
+                "keeps the clipped ratio in generation.adaptive.band_low..band_high (0.1..0.3) by moving the cap"),
+        _advice(cfg, "rewards.overlong_weight", 0.1, "DAPO soft overlong penalty over the last rewards.overlong_buffer tokens"),
+        _advice(cfg, "grpo.mask_truncated_completions", True, "optional: truncated completions leave the loss"),
+    ]
+    return Finding(
+        "never_stops", h.steps[end - 1],
+        f"completions/clipped_ratio averaged {m:.2f} over steps {ev['steps'][0]}-{ev['steps'][1]} ({w} logged steps)"
+        + (f"; completions run to the cap ({mx:.0f} tokens) without EOS" if mx is not None else ""),
+        ev,
+        "the policy never ends with EOS: every completion is cut, so every length-based reward is equal within a "
+        "group and gives no signal, and the model never learns to stop",
+        adv,
+    )
+
+
+def entropy_collapse(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
+    k = h.first_index_with("entropy", s.early_steps)
+    if k is None or k >= end:
+        return None
+    early = h.mean("entropy", 0, k)
+    w = s.window(end)
+    a = max(k, end - w)
+    cur = h.mean("entropy", a, end, min_count=max(2, min(w, end - a) // 2))
+    if cur is None or not early or early <= 0 or cur >= s.entropy_fraction * early:
+        return None
+    target = round(0.5 * early, 2)
+    ev = {"early_entropy": _r(early), "early_steps": _span(h, 0, k), "entropy": _r(cur), "steps": _span(h, a, end),
+          "ratio": _r(cur / early, 3), "threshold_fraction": s.entropy_fraction}
+    return Finding(
+        "entropy_collapse", h.steps[end - 1],
+        f"entropy fell from {early:.2f} (steps {ev['early_steps'][0]}-{ev['early_steps'][1]}) to {cur:.2f} "
+        f"(steps {ev['steps'][0]}-{ev['steps'][1]}), {100 * cur / early:.0f}% of its early value",
+        ev,
+        "the policy has become nearly deterministic: the completions of a group look alike, their rewards tie, and "
+        "GRPO stops exploring answers better than the current one",
+        [
+            _advice(cfg, "grpo.adaptive_entropy", True, "TRL's controller raises the entropy bonus while entropy is below the target"),
+            _advice(cfg, "grpo.entropy_target", target, f"about half the early entropy ({early:.2f})"),
+            _advice(cfg, "grpo.epsilon_high", 0.28, "clip-higher (DAPO) lets unlikely tokens gain probability"),
+            _advice(cfg, "optimization.learning_rate", _lower_lr(cfg), "a lower peak LR slows the collapse"),
+        ],
+    )
+
+
+def _region_clip(h: History, a: int, b: int, min_count: int) -> float | None:
+    m = h.mean("clip_ratio/region_mean", a, b, min_count)
+    if m is None:  # older TRL: low and high only
+        lo, hi = h.mean("clip_ratio/low_mean", a, b, min_count), h.mean("clip_ratio/high_mean", a, b, min_count)
+        m = None if lo is None or hi is None else lo + hi
+    return m
+
+
+def no_effective_update(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
+    w = s.window(end)
+    a = end - w
+    if a < 0:
+        return None
+    need = max(2, w // 2)
+    clip = _region_clip(h, a, end, need)
+    rstd = h.mean("reward_std", a, end, need)
+    if clip is None or rstd is None or clip > s.clip_zero or rstd >= s.reward_std_min:
+        return None
+    ev = {"steps": _span(h, a, end), "logged_steps": w, "clip_ratio_region_mean": _r(clip, 6), "reward_std_mean": _r(rstd, 5),
+          "frac_reward_zero_std_mean": _r(h.mean("frac_reward_zero_std", a, end)), "reward_std_threshold": s.reward_std_min}
+    return Finding(
+        "no_effective_update", h.steps[end - 1],
+        f"clip_ratio/region_mean {clip:.2g} and reward_std {rstd:.4f} (< {s.reward_std_min}) over steps "
+        f"{ev['steps'][0]}-{ev['steps'][1]}",
+        ev,
+        "advantages are rewards minus the group mean: with almost no reward spread they are ~0, the policy ratio never "
+        "leaves the clip region, and the optimizer steps change almost nothing",
+        [
+            _advice(cfg, "generation.num_generations", _more_generations(cfg),
+                    "more completions per prompt, more spread within each group (`synth-grpo plan` says what fits)"),
+            _advice(cfg, "judge.backend", "embedding",
+                    "a frozen judge with continuous scores (or `llm` with a separate frozen model), not parsed integers or the policy itself"),
+            _advice(cfg, "generation.max_completion_length", "adaptive", "if completions are all clipped, length rewards tie"),
+            _advice(cfg, "generation.temperature", 1.0, "sample diverse completions"),
+        ],
+    )
+
+
+def zero_variance_groups(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
+    w = s.window(end)
+    a = end - w
+    m = h.mean("frac_reward_zero_std", a, end, min_count=max(2, w // 2)) if a >= 0 else None
+    if m is None or m <= s.zero_std_fraction:
+        return None
+    ev = {"steps": _span(h, a, end), "logged_steps": w, "frac_reward_zero_std_mean": _r(m), "threshold": s.zero_std_fraction}
+    return Finding(
+        "zero_variance_groups", h.steps[end - 1],
+        f"{100 * m:.0f}% of groups had identical rewards (frac_reward_zero_std) over steps {ev['steps'][0]}-{ev['steps'][1]}",
+        ev,
+        "a group whose completions all get the same reward has zero advantage and contributes no gradient; most of each "
+        "batch is wasted",
+        [
+            _advice(cfg, "generation.num_generations", _more_generations(cfg), "larger groups are less often all equal"),
+            _advice(cfg, "judge.backend", "embedding", "continuous judge scores break ties that integer grades leave"),
+            _advice(cfg, "generation.max_completion_length", "adaptive", "clipped completions tie on length and EOS"),
+            _advice(cfg, "generation.temperature", 1.0, "more diverse samples per group"),
+        ],
+    )
+
+
+def _config_caps(cfg: Mapping[str, Any] | None) -> tuple[int | None, list[tuple[int, int]]]:
+    sched = _cfg(cfg, "generation.length_schedule") or []
+    mcl = _cfg(cfg, "generation.max_completion_length", 160)
+    start = _cfg(cfg, "generation.adaptive.start", 64) if mcl == "adaptive" else mcl
+    pairs = sorted((int(p[0]), int(p[1])) for p in sched if isinstance(p, (list, tuple)) and len(p) == 2
+                   and all(_num(x) is not None for x in p))
+    return (int(start) if _num(start) is not None else None), pairs
+
+
+def _expected_cap(h: History, i: int, caps: tuple[int | None, list[tuple[int, int]]]) -> float | None:
+    """The cap generation should have used at row i: the logged one, else the config's schedule."""
+    v = h.value(CAP, i)
+    if v is not None:
+        return v
+    start, sched = caps
+    if not sched:
+        return None
+    cap = start
+    for step, length in sched:
+        if h.steps[i] >= step:
+            cap = length
+    return cap
+
+
+def length_schedule_ignored(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
+    w = s.min_window
+    if end < w + 1:
+        return None
+    # A completion cut without EOS has exactly the cap's length, so clipped completions that stay shorter than
+    # the expected cap prove generation still uses an older, lower one.
+    conf = _config_caps(cfg)
+    base_i = h.first_index_with(CAP, 1)
+    base = conf[0] if conf[1] else (h.value(CAP, base_i - 1) if base_i else None)
+    if base is None:
+        return None
+    caps, lens = [], []
+    for i in range(end - 1, end - w - 1, -1):
+        cap, mx, clip = _expected_cap(h, i, conf), h.value("completions/max_length", i), h.value("completions/clipped_ratio", i)
+        if cap is None or mx is None or clip is None or cap <= base or mx >= cap - 0.5 or clip < s.still_clipped:
+            return None
+        caps.append(cap)
+        lens.append(mx)
+    raise_i = next(i for i in range(end) if (_expected_cap(h, i, conf) or 0) > base)
+    new_cap, stuck = min(caps), max(lens)
+    clip = h.mean("completions/clipped_ratio", end - w, end)
+    source = "logged generation/max_completion_length" if h.value(CAP, raise_i) is not None else "config generation.length_schedule"
+    ev = {"raise_step": h.steps[raise_i], "previous_limit": base, "new_limit": new_cap, "source": source,
+          "steps": _span(h, end - w, end), "completions_max_length": stuck, "clipped_ratio_mean": _r(clip)}
+    target = _cfg(cfg, "generation.length_schedule") or [[h.steps[raise_i], int(new_cap)]]
+    return Finding(
+        "length_schedule_ignored", h.steps[end - 1],
+        f"the cap rose from {base:g} to {new_cap:g} at step {ev['raise_step']} ({source}), but completions/max_length "
+        f"stayed at {stuck:g} over steps {ev['steps'][0]}-{ev['steps'][1]} while {100 * clip:.0f}% were still clipped",
+        ev,
+        "generation still uses the old cap: changing args.max_completion_length after TRL copied it at init changes "
+        "nothing; answers that need more room stay cut and the schedule's intent never reaches training",
+        [
+            _advice(cfg, "generation.length_schedule", target,
+                    "let the pipeline's schedule apply the cap (it sets what generation reads: the trainer attribute, "
+                    "generation config and vLLM sampling params); drop any callback that mutates args"),
+            _advice(cfg, "generation.max_completion_length", "adaptive", "or let the cap follow the clipped ratio"),
+            f"if this run already used generation.length_schedule, the cap is not reaching generation: report it with this run directory",
+        ],
+    )
+
+
+def reward_plateau(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
+    # Early stopping's patience test, plus a relative one so a slow but steady rise is not a plateau:
+    # the last window must add less than plateau_min_gain AND less than plateau_rel_gain of the earlier gain.
+    w = s.plateau_window(end)
+    if end - w < s.smooth or not h.has("reward"):
+        return None
+    sm, best = h.smoothed("reward", s.smooth), h.running_max("reward", s.smooth)
+    before, first = best[end - w - 1], sm[s.smooth - 1]
+    recent = max(sm[end - w:end])
+    if -math.inf in (before, first, recent):
+        return None
+    gain, earlier = recent - before, before - first
+    if gain >= s.plateau_min_gain or gain >= s.plateau_rel_gain * max(earlier, 0.0):
+        return None
+    best_i = next(i for i in range(end - w) if sm[i] == before)
+    ev = {"first_smoothed_reward": _r(first), "best_smoothed_reward": _r(before), "best_step": h.steps[best_i],
+          "best_in_window": _r(recent), "steps": _span(h, end - w, end), "patience": w, "gain": _r(gain),
+          "min_gain": s.plateau_min_gain, "rel_gain": s.plateau_rel_gain}
+    return Finding(
+        "reward_plateau", h.steps[end - 1],
+        f"smoothed reward (rolling {s.smooth}) rose from {first:.3f} to {before:.3f} by step {ev['best_step']}, then "
+        f"gained {gain:+.4f} in the {w} logged steps since (steps {ev['steps'][0]}-{ev['steps'][1]})",
+        ev,
+        "more steps at these settings buy nothing; a plateau with never_stops, no_effective_update or "
+        "zero_variance_groups is their symptom, so fix those first",
+        [
+            _advice(cfg, "optimization.learning_rate", _lower_lr(cfg), "or search it: `synth-grpo tune` (LR, group size, reward weights)"),
+            _advice(cfg, "generation.num_generations", _more_generations(cfg), "more spread within groups, stronger advantages"),
+            "rewards.weights: rebalance toward the component that still moves (see reward.png: rewards/<component>/mean)",
+        ],
+    )
+
+
+def judge_rouge_divergence(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
+    w = s.plateau_window(end)
+    a, m = end - 2 * w, end - w
+    if a < 0:
+        return None
+    J, R = "rewards/judge/mean", "rewards/rouge_l/mean"
+    need = max(2, w // 2)
+    j0, j1, r0, r1 = h.mean(J, a, m, need), h.mean(J, m, end, need), h.mean(R, a, m, need), h.mean(R, m, end, need)
+    if None in (j0, j1, r0, r1):
+        return None
+    dj, dr = j1 - j0, r1 - r0
+    sj = 2 * math.hypot(h.sem(J, a, m), h.sem(J, m, end))
+    sr = 2 * math.hypot(h.sem(R, a, m), h.sem(R, m, end))
+    if dj < max(s.divergence_min_change, sj) or dr > -max(s.divergence_min_change, sr):
+        return None
+    ev = {"judge": [_r(j0), _r(j1)], "rouge_l": [_r(r0), _r(r1)], "before_steps": _span(h, a, m), "steps": _span(h, m, end),
+          "min_change": s.divergence_min_change}
+    self_judge = _cfg(cfg, "judge.backend") == "self"
+    return Finding(
+        "judge_rouge_divergence", h.steps[end - 1],
+        f"rewards/judge/mean rose {j0:.3f} -> {j1:.3f} while rewards/rouge_l/mean fell {r0:.3f} -> {r1:.3f} "
+        f"(steps {ev['before_steps'][0]}-{ev['before_steps'][1]} vs {ev['steps'][0]}-{ev['steps'][1]})",
+        ev,
+        "the judge likes the answers more while they match the references less: the policy is likely learning what "
+        "pleases the judge" + (" (here it judges itself)" if self_judge else "") + " rather than answering better",
+        [
+            _advice(cfg, "judge.backend", "embedding", "a frozen judge that never receives gradients (or `llm` with a separate frozen model)"),
+            _advice(cfg, "rewards.weights.judge", 0.3, "less weight on the judge ..."),
+            _advice(cfg, "rewards.weights.rouge_l", 0.5, "... more on the reference overlap"),
+            "read samples.jsonl around these steps to see what the judge rewards",
+        ],
+    )
+
+
+RULES: dict[str, Rule] = {
+    "never_stops": never_stops,
+    "entropy_collapse": entropy_collapse,
+    "no_effective_update": no_effective_update,
+    "zero_variance_groups": zero_variance_groups,
+    "length_schedule_ignored": length_schedule_ignored,
+    "reward_plateau": reward_plateau,
+    "judge_rouge_divergence": judge_rouge_divergence,
+}
+
+
+def _as_dict(config: Any) -> Mapping[str, Any] | None:
+    return config.to_dict() if hasattr(config, "to_dict") else config
+
+
+def check(h: History, end: int | None = None, settings: RuleSettings | None = None, config: Any = None,
+          rules: Iterable[str] | None = None) -> list[Finding]:
+    """The findings that hold at the end of the first `end` rows (default: all); the live path."""
+    end = len(h) if end is None else end
+    if end < 1:
+        return []
+    s, cfg = settings or RuleSettings(), _as_dict(config)
+    out = [RULES[r](h, end, s, cfg) for r in (rules or RULES)]
+    return [f for f in out if f is not None]
+
+
+def diagnose(rows: Iterable[Mapping[str, Any]] | History, settings: RuleSettings | None = None, config: Any = None,
+             rules: Iterable[str] | None = None) -> list[Finding]:
+    """Replay a run: for each rule, the finding at the first step where it held, sorted by step."""
+    h = rows if isinstance(rows, History) else History(rows)
+    s, cfg = settings or RuleSettings(), _as_dict(config)
+    found = []
+    for name in rules or RULES:
+        for end in range(1, len(h) + 1):
+            f = RULES[name](h, end, s, cfg)
+            if f is not None:
+                found.append(f)
+                break
+    return sorted(found, key=lambda f: f.first_step)
+
+
+# ---------------------------------------------------------------- run directory
+
+
+class RunDirError(ValueError):
+    """Bad input: the CLI prints it and exits 2."""
+
+
+@dataclass
+class Run:
+    path: Path
+    rows: list[dict[str, Any]]
+    broken_lines: list[int]
+    config: dict[str, Any] | None
+    config_problem: str | None = None
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """Rows of a metrics.jsonl and the 1-based numbers of lines that are not JSON objects."""
+    rows, broken = [], []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                rows.append(obj)
+            else:
+                broken.append(no)
+    return rows, broken
+
+
+def load_run(run_dir: str | Path) -> Run:
+    d = Path(run_dir)
+    if not d.exists():
+        raise RunDirError(f"run directory {str(d)!r} does not exist")
+    if not d.is_dir():
+        raise RunDirError(f"{str(d)!r} is not a directory (give the run directory that holds metrics.jsonl)")
+    mpath = d / "metrics.jsonl"
+    if not mpath.is_file():
+        has = sorted(p.name for p in d.iterdir())[:10]
+        raise RunDirError(f"no metrics.jsonl in {str(d)!r}" + (f" (it holds: {', '.join(has)})" if has else " (the directory is empty)"))
+    rows, broken = read_metrics(mpath)
+    if not rows:
+        why = f"all {len(broken)} lines are broken (lines {_lines(broken)})" if broken else "it is empty"
+        raise RunDirError(f"{mpath}: no metric rows, {why}")
+    cfg, problem = None, None
+    cpath = d / "config.yaml"
+    if cpath.is_file():
+        import yaml
+
+        try:
+            cfg = yaml.safe_load(cpath.read_text(encoding="utf-8"))
+            if not isinstance(cfg, dict):
+                cfg, problem = None, f"{cpath}: not a mapping of config groups; advice will not name current values"
+        except yaml.YAMLError as e:
+            problem = f"{cpath}: not valid YAML ({str(e).splitlines()[0]}); advice will not name current values"
+    return Run(d, rows, broken, cfg, problem)
+
+
+def _lines(nums: list[int], most: int = 20) -> str:
+    s = ", ".join(map(str, nums[:most]))
+    return s + (f", ... ({len(nums) - most} more)" if len(nums) > most else "")
+
+
+# ---------------------------------------------------------------- report
+
+
+def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[str, Path]) -> Path:
+    """report.md beside the metrics: findings with why/advice, a metric summary, the plots."""
+    out = [f"# Training health report: {run.path.name}", ""]
+    steps = f"steps {h.steps[0]}-{h.steps[-1]}" if len(h) else "no training steps"
+    out.append(f"{len(h)} logged training steps ({steps}), {len(run.rows) - len(h)} other lines (eval, summary).")
+    if run.broken_lines:
+        out.append(f"Skipped {len(run.broken_lines)} broken lines of metrics.jsonl: {_lines(run.broken_lines)}.")
+    if run.config_problem:
+        out.append(run.config_problem + ".")
+    out += ["", f"## Findings ({len(findings)})", ""]
+    if not findings:
+        out.append("No rule fired: no sign of the seed's pathologies in this run.")
+    else:
+        out += ["| rule | first step | what it saw |", "|---|---|---|"]
+        out += [f"| `{f.rule}` | {f.first_step} | {f.summary} |" for f in findings]
+        for f in findings:
+            out += ["", f"### `{f.rule}` (from step {f.first_step})", "", f.summary + ".", "", f"**Why it matters:** {f.why}.", "",
+                    "**What to change:**", ""]
+            out += [f"- `{a.split(' — ')[0]}`" + (f" — {a.split(' — ', 1)[1]}" if " — " in a else "") for a in f.advice]
+            out += ["", "<details><summary>evidence</summary>", "", "```json", json.dumps(f.evidence, indent=1), "```", "</details>"]
+    out += ["", "## Metrics", "", "| metric | first | last | min | max |", "|---|---|---|---|---|"]
+    for key in ("reward", "reward_std", "entropy", "completions/clipped_ratio", "completions/mean_length",
+                "completions/max_length", CAP, "clip_ratio/region_mean", "frac_reward_zero_std",
+                *sorted(k for k in h.keys() if k.startswith("rewards/") and k.endswith("/mean"))):
+        vals = h.values(key)
+        if vals:
+            out.append(f"| `{key}` | {vals[0]:.4g} | {vals[-1]:.4g} | {min(vals):.4g} | {max(vals):.4g} |")
+    if plots:
+        out += ["", "## Plots", ""]
+        out += [f"![{name}]({p.name})" for name, p in plots.items()]
+    path = run.path / "report.md"
+    path.write_text("\n".join(out) + "\n", encoding="utf-8")
+    return path
+
+
+def doctor(run_dir: str | Path, settings: RuleSettings | None = None, plots: bool = True):
+    """Read a run directory, diagnose it, write report.md and PNGs. Raises RunDirError on bad input."""
+    run = load_run(run_dir)
+    h = History(run.rows)
+    if not len(h):
+        raise RunDirError(f"{run.path / 'metrics.jsonl'}: {len(run.rows)} rows but none is a training step "
+                          f"(none has {', '.join(TRAIN_KEYS[:3])}, ...)")
+    findings = diagnose(h, settings, run.config)
+    written: dict[str, Path] = {}
+    if plots:
+        from pipeline.plots import plot_run
+
+        written = plot_run(run.rows, run.path, findings)
+    report = write_report(run, h, findings, written)
+    return run, findings, report, written
+
+
+def doctor_cli(args) -> int:
+    """`synth-grpo doctor RUN_DIR [--json]`: 0 when diagnosed (findings or not), 2 for bad input."""
+    err = lambda msg: print(f"synth-grpo doctor: {msg}", file=sys.stderr)  # noqa: E731
+    try:
+        run, findings, report, plots = doctor(args.run_dir)
+    except RunDirError as e:
+        err(str(e))
+        return 2
+    except OSError as e:  # could not write the report or plots
+        err(f"could not write the report in {args.run_dir!r}: {e}")
+        return 1
+    if run.broken_lines:
+        err(f"{run.path / 'metrics.jsonl'}: skipped {len(run.broken_lines)} broken lines (lines {_lines(run.broken_lines)})")
+    if run.config_problem:
+        err(run.config_problem)
+    if getattr(args, "json", False):
+        print(json.dumps([f.to_dict() for f in findings], indent=1))
+        err(f"wrote {report} and {len(plots)} plots")
+        return 0
+    h_steps = [int(r["step"]) for r in run.rows if isinstance(r.get("step"), (int, float)) and not isinstance(r.get("step"), bool)]
+    span = f", steps {min(h_steps)}-{max(h_steps)}" if h_steps else ""
+    print(f"{run.path}: {len(run.rows)} metric lines{span}; {len(findings)} finding(s)")
+    for f in findings:
+        print()
+        print(f.format())
+    if not findings:
+        print("no rule fired")
+    print()
+    print(f"report: {report}")
+    print("plots:  " + ", ".join(str(p) for p in plots.values()))
+    return 0

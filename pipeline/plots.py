@@ -1,0 +1,145 @@
+"""PNG plots of a run's metrics for the doctor's report, the curves the seed's author had to read.
+
+Uses matplotlib's object API on the Agg canvas (no pyplot, no global backend switch), so it
+works headless and inside a process that already imported pyplot with another backend.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+# which findings are marked on which plot
+_MARKS = {
+    "reward": ("reward_plateau", "judge_rouge_divergence"),
+    "entropy": ("entropy_collapse",),
+    "length": ("never_stops", "length_schedule_ignored"),
+    "clip_ratio": ("no_effective_update", "zero_variance_groups"),
+}
+
+
+def series(rows: Iterable[Mapping[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of the rows that have a finite number for key; a row without a step
+    takes the previous row's step + 1."""
+    xs, ys, step = [], [], -1.0
+    for r in rows:
+        s = r.get("step")
+        step = float(s) if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) else step + 1
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            xs.append(step)
+            ys.append(float(v))
+    return xs, ys
+
+
+def _line(ax, rows, key, label=None, **kw) -> bool:
+    xs, ys = series(rows, key)
+    if xs:
+        ax.plot(xs, ys, label=label or key, linewidth=1, **kw)
+    return bool(xs)
+
+
+def _mark(ax, findings, names) -> None:
+    for f in findings:
+        if f.rule in names:
+            ax.axvline(f.first_step, color="crimson", linestyle=":", linewidth=1)
+            ax.annotate(f.rule, (f.first_step, 1), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                        color="crimson", va="top", ha="right")
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _finish(ax, xlabel=True) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+    if xlabel:
+        ax.set_xlabel("step")
+
+
+def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Iterable[Any] = ()) -> dict[str, Path]:
+    """Write reward.png, entropy.png, length.png and clip_ratio.png (each only if it has data);
+    returns {name: path}. Findings are marked where they first fired."""
+    out, findings = Path(out_dir), list(findings)
+    keys = {k for r in rows for k in r}
+    written: dict[str, Path] = {}
+
+    comps = sorted(k for k in keys if k.startswith("rewards/") and k.endswith("/mean"))
+    if "reward" in keys or comps:
+        fig = Figure(figsize=(9, 6))
+        ax1, ax2 = fig.subplots(2, 1, sharex=True)
+        _line(ax1, rows, "reward", color="black")
+        xs, ys = series(rows, "reward")
+        sx, sd = series(rows, "reward_std")
+        std = dict(zip(sx, sd))
+        if xs and std:
+            pairs = [(x, y, std[x]) for x, y in zip(xs, ys) if x in std]
+            ax1.fill_between([p[0] for p in pairs], [p[1] - p[2] for p in pairs], [p[1] + p[2] for p in pairs],
+                             color="grey", alpha=0.2, label="± reward_std")
+        _line(ax1, rows, "eval/score", marker="o", markersize=3)
+        ax1.set_title("total reward")
+        _mark(ax1, findings, _MARKS["reward"])
+        _finish(ax1, xlabel=False)
+        for k in comps:
+            _line(ax2, rows, k, label=k.split("/")[1])
+        ax2.set_title("reward components (rewards/<name>/mean)")
+        _mark(ax2, findings, _MARKS["reward"])
+        _finish(ax2)
+        written["reward"] = _save(fig, out / "reward.png")
+
+    if "entropy" in keys:
+        fig = Figure(figsize=(9, 3.5))
+        ax = fig.subplots()
+        _line(ax, rows, "entropy", color="tab:purple")
+        if "entropy_coef" in keys:
+            _line(ax.twinx(), rows, "entropy_coef", color="tab:grey", linestyle="--")
+        ax.set_title("entropy")
+        _mark(ax, findings, _MARKS["entropy"])
+        _finish(ax)
+        written["entropy"] = _save(fig, out / "entropy.png")
+
+    if keys & {"completions/mean_length", "completions/max_length", "completions/clipped_ratio"}:
+        fig = Figure(figsize=(9, 4))
+        ax = fig.subplots()
+        _line(ax, rows, "completions/mean_length", label="mean length")
+        _line(ax, rows, "completions/max_length", label="max length")
+        _line(ax, rows, "generation/max_completion_length", label="cap (generation)", color="black", linestyle="--")
+        ax.set_ylabel("tokens")
+        ax2 = ax.twinx()
+        _line(ax2, rows, "completions/clipped_ratio", label="clipped ratio", color="crimson", alpha=0.6)
+        ax2.set_ylim(-0.05, 1.05)
+        ax2.set_ylabel("clipped ratio")
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="best")
+        ax.set_title("completion length and clipped ratio")
+        _mark(ax, findings, _MARKS["length"])
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("step")
+        written["length"] = _save(fig, out / "length.png")
+
+    clip_keys = [k for k in ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean") if k in keys]
+    if clip_keys or keys & {"reward_std", "frac_reward_zero_std"}:
+        fig = Figure(figsize=(9, 6))
+        ax1, ax2 = fig.subplots(2, 1, sharex=True)
+        for k in clip_keys:
+            _line(ax1, rows, k, label=k.split("/")[1])
+        ax1.set_title("GRPO clip ratios")
+        _mark(ax1, findings, _MARKS["clip_ratio"])
+        _finish(ax1, xlabel=False)
+        _line(ax2, rows, "reward_std")
+        _line(ax2, rows, "frac_reward_zero_std")
+        ax2.set_title("group signal")
+        _mark(ax2, findings, _MARKS["clip_ratio"])
+        _finish(ax2)
+        written["clip_ratio"] = _save(fig, out / "clip_ratio.png")
+    return written

@@ -1,0 +1,78 @@
+"""TRL reward functions that are thin async clients of the Ray reward pool.
+
+One function per component, named as the component, so TRL logs ``rewards/<name>/mean`` and
+``/std``; TRL runs async reward functions concurrently, so the four components are scored in
+parallel by the pool's actors. The ``self`` judge (the seed's self-judging, kept only to
+reproduce it) scores in the worker with the live policy, since its weights change every step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from pipeline.config import REWARD_COMPONENTS, RunConfig
+from pipeline.reward_pool import RewardPool
+
+
+def completion_text(completion: Any) -> str:
+    """TRL passes conversational completions as [{"role": "assistant", "content": ...}]."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion:
+        last = completion[-1]
+        return last.get("content", "") if isinstance(last, dict) else str(last)
+    return ""
+
+
+def eos_kwargs(cfg: RunConfig) -> dict[str, float]:
+    r = cfg.rewards
+    return dict(
+        eos_bonus=r.eos_bonus, truncation_penalty=r.truncation_penalty, overlong_buffer=r.overlong_buffer,
+        overlong_weight=r.overlong_weight, brevity_weight=r.brevity_weight,
+    )
+
+
+def make_pool_reward_funcs(
+    pool: RewardPool,
+    cfg: RunConfig,
+    eos_token_ids: list[int],
+    current_max_len: Callable[[], int],
+    self_judge: Any | None = None,
+) -> tuple[list[Callable], list[float]]:
+    """(reward_funcs, reward_weights) in the fixed order rouge_l, length, judge, eos.
+
+    Components with weight 0 are still scored and logged: the seed baseline's EOS rate is
+    part of what the comparison shows.
+    """
+    ekw = eos_kwargs(cfg)
+
+    async def rouge_l(completions, reference, **kwargs):
+        return await pool.rouge_l([completion_text(c) for c in completions], list(reference))
+
+    async def length(completions, reference, **kwargs):
+        return await pool.length([completion_text(c) for c in completions], list(reference))
+
+    async def judge(completions, question, reference, log_metric=None, **kwargs):
+        texts = [completion_text(c) for c in completions]
+        t0 = time.perf_counter()
+        if self_judge is not None:
+            scores = self_judge.score(list(question), list(reference), texts)
+        else:
+            scores = await pool.judge(list(question), list(reference), texts)
+        if log_metric is not None:
+            dt = time.perf_counter() - t0
+            log_metric("pool/judge_seconds", dt)
+            log_metric("pool/judge_per_second", len(texts) / dt if dt > 0 else 0.0)
+        return scores
+
+    async def eos(completions, completion_ids, reference, log_extra=None, **kwargs):
+        ids = [list(map(int, x)) for x in completion_ids]
+        if log_extra is not None:  # samples.jsonl reads these from TRL's completion log
+            log_extra("reference", list(reference))
+            log_extra("ended_with_eos", [bool(x) and x[-1] in eos_token_ids for x in ids])
+        return await pool.eos(ids, eos_token_ids, current_max_len(), ekw)
+
+    funcs = {"rouge_l": rouge_l, "length": length, "judge": judge, "eos": eos}
+    weights = cfg.rewards.weights
+    return [funcs[c] for c in REWARD_COMPONENTS], [float(weights.get(c, 0.0)) for c in REWARD_COMPONENTS]

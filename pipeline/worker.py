@@ -1,0 +1,242 @@
+"""One Ray Train worker: data, policy + LoRA, TRL GRPOTrainer with the pool's reward functions.
+
+Everything a worker needs arrives in ``train_loop_config`` (the resolved config as a dict, the
+run directory, the reward pool's actor handles), so the same function runs under ``synth-grpo
+train``, Ray Tune trials and ``ray job submit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import TINY_POLICY, RunConfig, config_from_dict
+
+
+def resolve_policy_path(cfg: RunConfig) -> str:
+    if cfg.model.name_or_path == TINY_POLICY:
+        from pipeline.tiny import ensure_tiny
+
+        return str(ensure_tiny())
+    return cfg.model.name_or_path
+
+
+def precision_flags(cfg: RunConfig, on_gpu: bool) -> dict[str, bool]:
+    import torch
+
+    p = cfg.optimization.precision
+    if p == "auto":
+        p = "bf16" if on_gpu and torch.cuda.is_bf16_supported() else ("fp16" if on_gpu else "fp32")
+    return {"bf16": p == "bf16", "fp16": p == "fp16"}
+
+
+def deepspeed_config(cfg: RunConfig) -> dict[str, Any] | None:
+    """ZeRO stage 1-3 (and CPU offload); "auto" values are filled in from the TrainingArguments."""
+    d = cfg.distributed
+    if d.zero_stage == 0:
+        return None
+    zero: dict[str, Any] = {"stage": d.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
+    if d.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": d.use_gpu}
+    if d.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": d.use_gpu}
+    if d.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+    }
+
+
+def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: bool, reward_weights: list[float]):
+    import torch
+    from trl import GRPOConfig
+
+    o, g, gr, lg = cfg.optimization, cfg.generation, cfg.grpo, cfg.logging
+    fused_ok = o.fused_adamw and (on_gpu or tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4))
+    return GRPOConfig(
+        output_dir=str(run_dir / "trainer"),
+        max_steps=o.max_steps,
+        per_device_train_batch_size=o.per_device_train_batch_size,
+        gradient_accumulation_steps=o.gradient_accumulation_steps,
+        steps_per_generation=g.steps_per_generation,
+        learning_rate=o.learning_rate,
+        adam_beta1=o.adam_beta1,
+        adam_beta2=o.adam_beta2,
+        weight_decay=o.weight_decay,
+        lr_scheduler_type=o.lr_scheduler_type,
+        warmup_steps=o.warmup_ratio,  # transformers 5: a float < 1 is a ratio of max_steps
+        max_grad_norm=o.max_grad_norm,
+        optim="adamw_torch_fused" if fused_ok and cfg.distributed.zero_stage == 0 else "adamw_torch",
+        seed=o.seed,
+        data_seed=o.seed,
+        use_cpu=not on_gpu,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        logging_steps=lg.logging_steps,
+        save_strategy="steps",
+        save_steps=cfg.output.save_steps,
+        save_total_limit=cfg.output.checkpoints_kept,
+        report_to=list(lg.report_to) or "none",
+        disable_tqdm=not (lg.progress_bar and is_rank0),
+        deepspeed=deepspeed_config(cfg),
+        ddp_find_unused_parameters=False,
+        # GRPO
+        num_generations=g.num_generations,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k or 0,
+        max_completion_length=cfg.initial_max_completion_length,
+        use_vllm=g.backend == "vllm",
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        beta=gr.beta,
+        epsilon=gr.epsilon,
+        epsilon_high=gr.epsilon_high,
+        entropy_coef=gr.entropy_coef,
+        use_adaptive_entropy=gr.adaptive_entropy,
+        entropy_target=gr.entropy_target,
+        entropy_coef_max=gr.entropy_coef_max,
+        entropy_coef_delta=gr.entropy_coef_delta,
+        loss_type=gr.loss_type,
+        mask_truncated_completions=gr.mask_truncated_completions,
+        scale_rewards=gr.scale_rewards,
+        num_iterations=gr.num_iterations,
+        reward_weights=reward_weights,
+        log_completions=False,
+        **precision_flags(cfg, on_gpu),
+    )
+
+
+def lora_config(cfg: RunConfig):
+    if not cfg.lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+        target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM",
+    )
+
+
+class SelfJudge:
+    """The seed's self-judging, reproduced: the live policy scores its own completions."""
+
+    def __init__(self, tokenizer, max_input_tokens: int):
+        self.tokenizer, self.max_input_tokens, self.trainer, self._judge = tokenizer, max_input_tokens, None, None
+
+    def score(self, questions, references, candidates):
+        if self._judge is None:
+            from rewards.judge import load_judge
+
+            self._judge = load_judge(
+                "self", "", max_input_tokens=self.max_input_tokens, policy=self.trainer.model, tokenizer=self.tokenizer
+            )
+        return self._judge.score(questions, references, candidates)
+
+
+def _restore_length_state(run_dir: Path, step: int, length_ctl, truncate: bool) -> None:
+    """Resume: every rank restores the same cap from metrics.jsonl; rank 0 also drops rows past the checkpoint."""
+    from pipeline.length_control import CAP_METRIC
+    from pipeline.run_callbacks import read_metrics, truncate_jsonl
+
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step", 0) <= step]
+    if truncate:
+        truncate_jsonl(run_dir / "metrics.jsonl", step)
+        truncate_jsonl(run_dir / "samples.jsonl", step)
+    caps = [r[CAP_METRIC] for r in rows if CAP_METRIC in r]
+    clipped = [r["completions/clipped_ratio"] for r in rows if "completions/clipped_ratio" in r]
+    if caps:
+        length_ctl.restore(int(caps[-1]), clipped[-length_ctl.recent.maxlen :] if length_ctl.adaptive else [])
+
+
+def train_loop_per_worker(config: dict) -> None:
+    import ray.train
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from pipeline.data import load_records, to_trl_rows
+    from pipeline.length_control import CompletionLengthControl
+    from pipeline.reward_clients import make_pool_reward_funcs
+    from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter
+
+    cfg = config_from_dict(config["cfg"])
+    run_dir = Path(config["run_dir"])
+    pool = config["pool"]
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    is_rank0 = rank == 0
+    log = print if is_rank0 else None
+    on_gpu = cfg.distributed.use_gpu and torch.cuda.is_available()
+    torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
+
+    train_recs, eval_recs, _ = load_records(cfg.data, log=log)
+    policy = resolve_policy_path(cfg)
+    common = dict(revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(policy, **common)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # evaluation generates from padded batches
+    flags = precision_flags(cfg, on_gpu)
+    dtype = torch.bfloat16 if flags["bf16"] else torch.float16 if flags["fp16"] else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(
+        policy, dtype=dtype, attn_implementation=cfg.model.attn_implementation, **common
+    )
+    eos_ids = model.generation_config.eos_token_id or tokenizer.eos_token_id
+    eos_ids = [int(x) for x in (eos_ids if isinstance(eos_ids, list) else [eos_ids])]
+
+    length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=log)
+    self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens) if cfg.judge.backend == "self" else None
+    funcs, weights = make_pool_reward_funcs(pool, cfg, eos_ids, lambda: length_ctl.current, self_judge)
+    args = build_grpo_config(cfg, run_dir, on_gpu, is_rank0, weights)
+
+    metrics = MetricsSink(run_dir, cfg.output.run_name or run_dir.name, cfg.logging.ray_metrics)
+    samples = SamplesWriter(run_dir, cfg.logging.samples_every, cfg.logging.num_samples)
+    evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=ray.train.report)
+    callbacks = [length_ctl, samples, metrics, RayTrainReporter()]
+    try:
+        from pipeline.health import HealthCallback
+
+        callbacks.insert(2, HealthCallback())
+    except ImportError:
+        pass
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=Dataset.from_list(to_trl_rows(train_recs, cfg.data.system_prompt)),
+        processing_class=tokenizer,
+        peft_config=lora_config(cfg),
+        callbacks=callbacks + [evaluator],
+    )
+    length_ctl.bind(trainer)
+    samples.trainer = evaluator.trainer = trainer
+    if self_judge is not None:
+        self_judge.trainer = trainer
+
+    resume_from = None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        resume_from = checkpoint.to_directory()  # a local copy every rank can read
+        step = json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]
+        _restore_length_state(run_dir, step, length_ctl, truncate=is_rank0)
+        if log:
+            log(f"[resume] from checkpoint at step {step}")
+    trainer.train(resume_from_checkpoint=resume_from)
+    trainer.save_model(str(run_dir / "adapter"))
+    if is_rank0:
+        tokenizer.save_pretrained(str(run_dir / "adapter"))
+        (run_dir / "length_changes.json").write_text(json.dumps(length_ctl.changes))
+    final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}
+    ray.train.report({**final, **evaluator.last, "done": 1, "step": trainer.state.global_step})
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
