@@ -156,21 +156,23 @@ def builtin_shape(model_id: str) -> ModelShape | None:
 
 
 def _tiny_shape() -> ModelShape:
-    """The project's own tiny policy: pipeline.tiny's TINY_POLICY_SHAPE, else its built policy's config.json."""
+    """The project's own tiny policy (pipeline.tiny): TINY_POLICY_SHAPE if it exposes one, else the built
+    policy's config.json, else the recipe it would be built from (vocab_size is then the BPE target)."""
     try:
-        import pipeline.tiny as tiny  # written by another engineer; may be absent
+        import pipeline.tiny as tiny
     except ImportError as e:
-        tiny = None
-        err = f"pipeline.tiny cannot be imported ({e})"
-    else:
-        err = "pipeline.tiny exposes no TINY_POLICY_SHAPE"
-        shape = getattr(tiny, "TINY_POLICY_SHAPE", None)
-        if isinstance(shape, dict):
-            return ModelShape.from_hf_config(shape, "pipeline.tiny.TINY_POLICY_SHAPE")
-    cache = Path(os.environ.get("SYNTH_GRPO_CACHE") or Path.home() / ".cache" / "synth-grpo")
-    for cand in sorted(cache.glob("*policy*/config.json")) + sorted(cache.glob("*/*policy*/config.json")):
-        return ModelShape.from_hf_config(json.loads(cand.read_text()), f"{cand}")
-    raise PlanError(f"model 'tiny': {err}, and no built policy under {cache} (run `synth-grpo build-tiny`)")
+        raise PlanError(f"model 'tiny': pipeline.tiny cannot be imported ({e})") from None
+    shape = getattr(tiny, "TINY_POLICY_SHAPE", None)
+    if isinstance(shape, dict):
+        return ModelShape.from_hf_config(shape, "pipeline.tiny.TINY_POLICY_SHAPE")
+    try:
+        config = Path(tiny.policy_dir()) / "config.json"
+        if config.is_file():
+            return ModelShape.from_hf_config(json.loads(config.read_text()), str(config))
+        recipe = dataclasses.asdict(tiny.TinyRecipe())
+    except (AttributeError, OSError, TypeError) as e:
+        raise PlanError(f"model 'tiny': shape not found in pipeline.tiny ({e})") from None
+    return ModelShape.from_hf_config({**recipe, "tie_word_embeddings": True}, "pipeline.tiny.TinyRecipe (not built yet)")
 
 
 def resolve_shape(name_or_path: str, revision: str | None = None) -> ModelShape:
@@ -275,38 +277,57 @@ def trl_fuses_lm_head() -> bool:
         return False
 
 
+def _n(count: float) -> str:
+    """8030261248 -> '8.03B', 83886080 -> '83.9M', 5120 -> '5.1K'."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= div:
+            return f"{count / div:.{2 if unit == 'B' else 1}f}{unit}"
+    return str(int(count))
+
+
 def _lora_targets(targets: str | list[str], shape: ModelShape) -> list[str]:
     return list(shape.linears()) if targets == "all-linear" else [t for t in targets if t in shape.linears()]
 
 
-def _layer_activation_bytes(x: _Inputs, seq: int) -> int:
-    """Bytes saved for backward per token in one decoder layer. Method of Korthikanti et al. 2022,
-    "Reducing Activation Recomputation in Large Transformer Models" (sec. 4: count every tensor autograd
-    keeps), applied to Llama's RMSNorm + GQA attention + SwiGLU MLP + LoRA instead of GPT's block."""
+def _layer_activation_bytes(x: _Inputs, seq: int, mask_bytes: int = 1) -> int:
+    """Bytes autograd keeps per token in one decoder layer. Method of Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models" (sec. 4: count every tensor saved for backward),
+    applied to Llama's RMSNorm + GQA attention + SwiGLU + LoRA instead of GPT's block. Exact against
+    saved-tensor hooks on CPU (tests); `mask_bytes`: dropout mask per element, bool on CUDA, float on CPU."""
     s, a = x.shape, x.wbytes
     h, q, kv, i = s.hidden_size, s.q_dim, s.kv_dim, s.intermediate_size
     targets = _lora_targets(x.lora_targets, s) if x.lora else []
-    # RMSNorm upcasts to fp32 and keeps that copy for pow/mul backward: 4h per norm, two norms.
-    total = 2 * 4 * h
-    # Inputs of linears are kept only by what needs them: the trainable weight (full fine-tuning, once per
-    # shared input) or LoRA's A matrix. LoRA dropout > 0 gives each adapter its own dropped copy + bool mask.
-    groups = [(("q_proj", "k_proj", "v_proj"), h), (("o_proj",), q), (("gate_proj", "up_proj"), h), (("down_proj",), i)]
-    for names, width in groups:
+    full = not x.lora
+    # RMSNorm upcasts to fp32 and keeps that copy (4h) and rsqrt (4) for backward; two norms per layer.
+    # A trainable norm weight also keeps the normalized input.
+    total = 2 * (4 * h + 4) + (2 * a * h if full else 0)
+
+    def kept(names: tuple[str, ...], width: int) -> tuple[int, bool]:
+        """(bytes kept for these linears' input, whether the undropped input itself is kept). Only a
+        trainable weight (full fine-tuning) or LoRA's A matrix needs the input; dropout > 0 gives each
+        adapter its own dropped copy plus mask."""
         hit = [n for n in names if n in targets]
-        if not x.lora:
-            total += a * width
-        elif hit and x.lora_dropout > 0:
-            total += len(hit) * (a + 1) * width
-        elif hit and names != ("o_proj",):  # o_proj's input is the attention output, kept below anyway
-            total += a * width
+        if full or (hit and x.lora_dropout == 0):
+            return a * width, True
+        if hit:
+            return len(hit) * (a + mask_bytes) * width, False
+        return 0, False
+
+    total += kept(("q_proj", "k_proj", "v_proj"), h)[0] + kept(("gate_proj", "up_proj"), h)[0] + kept(("down_proj",), i)[0]
+    o_bytes, o_keeps_out = kept(("o_proj",), q)
     total += len(targets) * a * x.lora_r  # LoRA A outputs, kept by B
-    # Attention. sdpa (memory-efficient kernel) keeps q, k, v, out and a logsumexp; transformers repeats K/V
-    # to all heads when a padding mask is passed (sdpa_attention.use_gqa_in_sdpa), which GRPO batches have.
-    # flash_attention_2 keeps native K/V. eager also keeps the fp32 softmax and its cast (Korthikanti's 5as/h).
-    kv_kept = kv if x.attn == "flash" else q
-    total += a * (2 * q + 2 * kv_kept) + 4 * s.num_heads
+    # Attention keeps q, k, v. transformers repeats K/V to all heads when a padding mask is passed
+    # (integrations/sdpa_attention.use_gqa_in_sdpa), which GRPO batches always have; flash-attn keeps native K/V.
+    total += a * (q + 2 * (kv if x.attn == "flash" else q))
     if x.attn == "eager":
-        total += (4 + a) * s.num_heads * seq
+        # eager keeps the fp32 softmax and its cast to the compute dtype (Korthikanti's 5as/h term); its output
+        # is kept only by o_proj's consumer (o_bytes)
+        total += (4 + (a if a != 4 else 0)) * s.num_heads * seq + o_bytes
+    else:
+        # sdpa/flash kernels keep their output and a logsumexp; o_proj shares that output unless dropout copies it.
+        total += a * q + 4 * s.num_heads + (0 if o_keeps_out else o_bytes)
+        if x.attn == "sdpa":
+            total += a * seq  # the boolean padding mask becomes an additive bias per call, kept for backward
     # SwiGLU: SiLU keeps its input (gate out), the product keeps both factors (silu out, up out).
     total += 3 * a * i
     return total
@@ -336,31 +357,31 @@ def _estimate(x: _Inputs) -> tuple[dict[str, int], dict[str, str], str]:
     if x.lora:
         c["base_weights"] = live if offloaded else n_params * a // shard
         why["base_weights"] = ("ZeRO-3 offloaded to CPU; two gathered modules stay" if offloaded
-                               else f"{n_params / 1e9:.2f}B frozen params x {a} B{sharded}")
+                               else f"{_n(n_params)} frozen params x {a} B{sharded}")
         c["lora_weights"] = 0 if offloaded else n_train * wb // shard
-        why["lora_weights"] = f"{n_train / 1e6:.1f}M params (r={x.lora_r}) x {wb} B{sharded}"
+        why["lora_weights"] = f"{_n(n_train)} params (r={x.lora_r}) x {wb} B{sharded}"
     else:
         c["base_weights"] = live if offloaded else n_params * wb // shard
         why["base_weights"] = ("ZeRO-3 offloaded to CPU; two gathered modules stay" if offloaded
-                               else f"{n_params / 1e9:.2f}B trainable params x {wb} B{sharded}")
+                               else f"{_n(n_params)} trainable params x {wb} B{sharded}")
         c["lora_weights"] = 0
         why["lora_weights"] = "lora.enabled false"
     grad_shard = k if x.zero_stage >= 2 else 1
     c["gradients"] = n_train * gb // grad_shard
     if x.zero_stage == 0 and k > 1:
         c["gradients"] *= 2  # DDP's reducer keeps its own bucket copy of the gradients
-    why["gradients"] = f"{n_train / 1e6:.1f}M x {gb} B" + (f" / {k} (ZeRO-{x.zero_stage})" if grad_shard > 1 else "") + (
+    why["gradients"] = f"{_n(n_train)} x {gb} B" + (f" / {k} (ZeRO-{x.zero_stage})" if grad_shard > 1 else "") + (
         " x 2 (DDP buckets)" if x.zero_stage == 0 and k > 1 else "")
     opt_shard = k if x.zero_stage >= 1 else 1
     c["optimizer_states"] = 0 if x.offload_optimizer else n_train * ob // opt_shard
     why["optimizer_states"] = "offloaded to CPU" if x.offload_optimizer else (
-        f"{n_train / 1e6:.1f}M x {ob} B (Adam" + (" + fp32 master)" if ob == 12 else ")") + (f" / {k} (ZeRO-{x.zero_stage})" if opt_shard > 1 else ""))
+        f"{_n(n_train)} x {ob} B (Adam" + (" + fp32 master)" if ob == 12 else ")") + (f" / {k} (ZeRO-{x.zero_stage})" if opt_shard > 1 else ""))
 
     # Reference model for the KL term: with LoRA TRL disables the adapters on the same weights (no copy);
     # without LoRA it holds a second full model, partitioned like the policy under ZeRO-3.
     c["reference_model"] = n_params * a // shard if x.beta > 0 and not x.lora else 0
     why["reference_model"] = ("beta = 0: none" if x.beta <= 0 else "LoRA: base with adapters disabled, no copy"
-                              if x.lora else f"full copy, {n_params / 1e9:.2f}B x {a} B")
+                              if x.lora else f"full copy, {_n(n_params)} x {a} B")
 
     # Judge sharing this GPU: its weights, its own CUDA context, and one no-grad forward over a scoring batch
     # (one layer's intermediates at a time, then last-position logits in fp32).
@@ -403,10 +424,10 @@ def _estimate(x: _Inputs) -> tuple[dict[str, int], dict[str, str], str]:
 
     # Training activations of one micro-batch (batch x (prompt + completion) tokens). Without checkpointing
     # every layer keeps its tensors; with it only each layer's input (a*h) plus one recomputed layer. One
-    # more layer's worth is the backward working set (activation gradients); + final norm and hidden state.
+    # more layer's worth is the backward working set (activation gradients); + the final norm.
     tokens = x.batch * seq
     per_layer = _layer_activation_bytes(x, seq)
-    extra = 4 * s.hidden_size + a * s.hidden_size
+    extra = 4 * s.hidden_size + 4  # final RMSNorm
     if x.grad_ckpt:
         c["activations"] = tokens * (s.num_layers * a * s.hidden_size + 2 * per_layer + extra)
         why["activations"] = f"{tokens} tokens x (layer inputs + 2 layers x {per_layer / 1024:.0f} KiB), checkpointing"
@@ -596,7 +617,7 @@ def gpu_preset(name: str) -> tuple[str, float]:
 def format_plan(plan: MemoryPlan, gpu_name: str | None = None) -> str:
     i = plan.inputs
     lines = [
-        f"model: {i['model']} ({i['shape_source']}): {i['params'] / 1e9:.2f}B params, {i['trainable'] / 1e6:.1f}M trainable",
+        f"model: {i['model']} ({i['shape_source']}): {_n(i['params'])} params, {_n(i['trainable'])} trainable",
         f"per GPU: {i['batch']} completions/micro-batch, num_generations {i['num_generations']}, prompt {i['prompt_len']} + "
         f"completion {i['completion_len']} tokens, {'bf16' if i['wbytes'] == 2 else 'fp32'}, ZeRO-{i['zero_stage']} over "
         f"{i['num_gpus']} GPU(s), gradient checkpointing {'on' if i['grad_ckpt'] else 'off'}",
