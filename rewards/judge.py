@@ -200,11 +200,20 @@ class LLMJudge:
 
     def build_inputs(self, question: str, reference: str, candidate: str) -> list[int]:
         """Prompt ids for one triple, fields truncated to the budget; the cue is always last."""
-        fields = [self._encode(question), self._encode(reference), self._encode(candidate)]
-        keep = fair_share([len(f) for f in fields], self.max_input_tokens - self._fixed)
-        q, r, c = (f[:k] for f, k in zip(fields, keep))
+        return self.build_batch([question], [reference], [candidate])[0]
+
+    def build_batch(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[list[int]]:
+        """``build_inputs`` for many triples; each distinct string is tokenized once, in one batched call."""
+        texts = list(dict.fromkeys([*questions, *references, *candidates]))
+        ids = dict(zip(texts, self.tokenizer(texts, add_special_tokens=False)["input_ids"])) if texts else {}
         head, mid1, mid2, tail = self._pieces
-        return head + q + mid1 + r + mid2 + c + tail
+        out = []
+        for q, r, c in zip(questions, references, candidates):
+            fields = (ids[q], ids[r], ids[c])
+            keep = fair_share([len(f) for f in fields], self.max_input_tokens - self._fixed)
+            fq, fr, fc = (f[:k] for f, k in zip(fields, keep))
+            out.append(head + fq + mid1 + fr + mid2 + fc + tail)
+        return out
 
     # -- scoring --------------------------------------------------------------------------
     def _device(self) -> torch.device:
@@ -247,7 +256,8 @@ class LLMJudge:
         _check_lengths(questions, references, candidates)
         scores = [0.0] * len(candidates)
         todo = [i for i, c in enumerate(candidates) if c and c.strip()]
-        seqs = {i: self.build_inputs(questions[i], references[i], candidates[i]) for i in todo}
+        built = self.build_batch([questions[i] for i in todo], [references[i] for i in todo], [candidates[i] for i in todo])
+        seqs = dict(zip(todo, built))
         todo.sort(key=lambda i: len(seqs[i]))  # similar lengths together: less padding
         values = torch.arange(len(GRADES), dtype=torch.float32) / (len(GRADES) - 1)
         was_training = self.model.training

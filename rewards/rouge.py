@@ -17,8 +17,10 @@ from collections.abc import Sequence
 
 from rapidfuzz.distance import LCSseq
 
-# Letters and digits of any script (``[^\W_]``) plus combining diacritics left after NFC.
-_TOKEN_RE = re.compile(r"(?:[^\W_]|[\u0300-\u036f])+")
+# Letters and digits of any script plus combining diacritics left after NFC. ``\w`` also matches
+# "_", which rouge-score treats as a separator: tokenize() blanks it first (cheaper than excluding
+# it in the class, which makes the regex twice as slow).
+_TOKEN_RE = re.compile(r"[\w\u0300-\u036f]+")
 _NO_MATCH = "\x00"  # stands for every prediction token absent from the reference
 
 
@@ -28,6 +30,8 @@ def tokenize(text: str) -> list[str]:
         return []
     if not text.isascii() and not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
+    if "_" in text:
+        text = text.replace("_", " ")
     return _TOKEN_RE.findall(text.casefold())
 
 

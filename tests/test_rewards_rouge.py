@@ -15,6 +15,7 @@ def test_tokenize_keeps_german_words_whole():
         "übermässig", "ärgerlich", "naïve", "café", "3", "5", "km²"]
     # NFD input (decomposed umlaut) is normalized: same token as NFC
     assert tokenize("Gro\u0308ße") == tokenize("Größe")
+    assert tokenize("q\u0308x a_b") == ["q\u0308x", "a", "b"]  # a mark without a composed form stays inside
     assert tokenize("") == [] and tokenize(" ,.;- ") == []
 
 
