@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from array import array
 import math
 import sys
 from dataclasses import asdict, dataclass, field
@@ -39,19 +40,22 @@ class RuleSettings:
     reward_std_min: float = 0.01  # ... while reward_std is below this
     zero_std_fraction: float = 0.5  # zero_variance_groups: mean frac_reward_zero_std above
     still_clipped: float = 0.1  # length_schedule_ignored: clipped ratio that proves the real cap
-    plateau_min_window: int = 20  # reward_plateau patience (logged steps) ...
+    plateau_min_window: int = 10  # reward_plateau window (logged steps) ...
     plateau_fraction: float = 0.25  # ... growing to this share of the steps seen
+    plateau_planned_fraction: float = 0.02  # ... and at least this share of the planned run (config max_steps)
     plateau_max_window: int = 1000
-    plateau_min_gain: float = 0.01  # smoothed reward must beat its earlier best by this ...
-    plateau_rel_gain: float = 0.1  # ... or by this share of what it gained before the window
-    smooth: int = 10  # rolling mean for the smoothed reward
-    divergence_min_change: float = 0.01  # judge up and ROUGE-L down by at least this (and 2 SE)
+    plateau_min_gain: float = 0.01  # mean reward must have gained at least this over the last window ...
+    plateau_rel_gain: float = 0.1  # ... and, if it rose before, its rate must be below this share of the earlier rate
+    divergence_min_change: float = 0.01  # judge up and ROUGE-L down by at least this ...
+    confidence_z: float = 3.0  # ... and by this many standard errors (plateau: the gain's upper bound)
 
     def window(self, seen: int) -> int:
         return min(self.max_window, max(self.min_window, int(self.window_fraction * seen)))
 
-    def plateau_window(self, seen: int) -> int:
-        return min(self.plateau_max_window, max(self.plateau_min_window, int(self.plateau_fraction * seen)))
+    def plateau_window(self, seen: int, planned: int | None = None) -> int:
+        """Windows for slow trends are long: a share of the steps seen and of the planned run."""
+        floor = int(self.plateau_planned_fraction * planned) if planned else 0
+        return min(self.plateau_max_window, max(self.plateau_min_window, int(self.plateau_fraction * seen), floor))
 
 
 @dataclass
@@ -82,6 +86,8 @@ TRAIN_KEYS = (
 )
 CAP = "generation/max_completion_length"
 NAN = float("nan")
+# History keeps only what the rules and the report read (a live run logs ~50 keys for thousands of steps).
+TRACKED = frozenset(TRAIN_KEYS) | {CAP, "clip_ratio/low_mean", "clip_ratio/high_mean", "entropy_coef", "learning_rate"}
 
 
 def _num(v: Any) -> float | None:
@@ -98,15 +104,14 @@ def is_train_row(row: Mapping[str, Any]) -> bool:
 
 
 class History:
-    """The training rows seen so far, as per-key columns with prefix sums (append-only)."""
+    """The training rows seen so far, as per-key columns with prefix sums (append-only, compact arrays)."""
 
     def __init__(self, rows: Iterable[Mapping[str, Any]] = ()):
         self.steps: list[int] = []
-        self._raw: dict[str, list[float]] = {}
-        self._sum: dict[str, list[float]] = {}
-        self._sq: dict[str, list[float]] = {}
-        self._cnt: dict[str, list[int]] = {}
-        self._derived: dict[Any, list[float]] = {}
+        self._raw: dict[str, array] = {}
+        self._sum: dict[str, array] = {}
+        self._sq: dict[str, array] = {}
+        self._cnt: dict[str, array] = {}
         for r in rows:
             self.append(r)
 
@@ -121,8 +126,9 @@ class History:
         step = _num(row.get("step"))
         self.steps.append(int(step) if step is not None else (self.steps[-1] + 1 if n else 0))
         for k, v in row.items():
-            if k not in self._raw and k != "step" and _num(v) is not None:
-                self._raw[k], self._sum[k], self._sq[k], self._cnt[k] = [NAN] * n, [0.0] * (n + 1), [0.0] * (n + 1), [0] * (n + 1)
+            if k not in self._raw and (k in TRACKED or k.startswith("rewards/")) and _num(v) is not None:
+                self._raw[k], self._sum[k] = array("d", [NAN]) * n, array("d", [0.0]) * (n + 1)
+                self._sq[k], self._cnt[k] = array("d", [0.0]) * (n + 1), array("q", [0]) * (n + 1)
         for k, raw in self._raw.items():
             v = _num(row.get(k))
             raw.append(NAN if v is None else v)
@@ -172,22 +178,6 @@ class History:
             return None
         return bisect.bisect_left(c, k)
 
-    def smoothed(self, key: str, k: int) -> list[float]:
-        """Rolling mean over k rows (-inf where none), extended lazily as rows arrive."""
-        out = self._derived.setdefault(("smooth", key, k), [])
-        for i in range(len(out), len(self)):
-            m = self.mean(key, i - k + 1, i + 1)
-            out.append(-math.inf if m is None else m)
-        return out
-
-    def running_max(self, key: str, k: int) -> list[float]:
-        """Best smoothed value up to and including each row."""
-        sm = self.smoothed(key, k)
-        out = self._derived.setdefault(("runmax", key, k), [])
-        for i in range(len(out), len(sm)):
-            out.append(max(sm[i], out[-1]) if out else sm[i])
-        return out
-
 
 # ---------------------------------------------------------------- config helpers
 
@@ -201,6 +191,9 @@ def _cfg(cfg: Mapping[str, Any] | None, dotted: str, default: Any = None) -> Any
     return node
 
 
+_MISSING = object()
+
+
 def _advice(cfg: Mapping[str, Any] | None, key: str, value: Any, reason: str) -> str:
     """'key: value (now X) — reason'; the current value is named only when the config is known."""
     cur = _cfg(cfg, key, _MISSING)
@@ -208,14 +201,11 @@ def _advice(cfg: Mapping[str, Any] | None, key: str, value: Any, reason: str) ->
     return f"{key}: {_fmt(value)}{now} — {reason}"
 
 
-_MISSING = object()
-
-
 def _fmt(v: Any) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, float):
-        return f"{v:g}"
+        return repr(v)
     if v is None:
         return "null"
     return str(v) if not isinstance(v, (list, dict)) else json.dumps(v)
@@ -235,6 +225,13 @@ def _lower_lr(cfg: Mapping[str, Any] | None) -> float:
     except (TypeError, ValueError):
         lr = None
     return 5e-6 if lr is None or lr > 5e-6 else float(f"{lr / 2:.1g}")
+
+
+def _planned_rows(cfg: Mapping[str, Any] | None) -> int | None:
+    """Logged steps the run will have: optimization.max_steps / logging.logging_steps."""
+    steps, every = _cfg(cfg, "optimization.max_steps"), _cfg(cfg, "logging.logging_steps", 1)
+    ok = isinstance(steps, int) and isinstance(every, int) and every > 0
+    return steps // every if ok else None
 
 
 def _more_generations(cfg: Mapping[str, Any] | None) -> int:
@@ -341,7 +338,6 @@ def no_effective_update(h: History, end: int, s: RuleSettings, cfg: Mapping[str,
             _advice(cfg, "judge.backend", "embedding",
                     "a frozen judge with continuous scores (or `llm` with a separate frozen model), not parsed integers or the policy itself"),
             _advice(cfg, "generation.max_completion_length", "adaptive", "if completions are all clipped, length rewards tie"),
-            _advice(cfg, "generation.temperature", 1.0, "sample diverse completions"),
         ],
     )
 
@@ -416,46 +412,54 @@ def length_schedule_ignored(h: History, end: int, s: RuleSettings, cfg: Mapping[
     source = "logged generation/max_completion_length" if h.value(CAP, raise_i) is not None else "config generation.length_schedule"
     ev = {"raise_step": h.steps[raise_i], "previous_limit": base, "new_limit": new_cap, "source": source,
           "steps": _span(h, end - w, end), "completions_max_length": stuck, "clipped_ratio_mean": _r(clip)}
-    target = _cfg(cfg, "generation.length_schedule") or [[h.steps[raise_i], int(new_cap)]]
+    logged = source.startswith("logged")
+    why = ("the pipeline logged a higher cap than generation used: its schedule did not reach generation" if logged else
+           "generation still uses the old cap: a schedule that changes args.max_completion_length after TRL copied it "
+           "at init changes nothing") + "; answers that need more room stay cut and the schedule never reaches training"
+    if logged:
+        adv = [f"a bug in this pipeline's length control: report it with this run directory; meanwhile:",
+               _advice(cfg, "generation.max_completion_length", int(new_cap), "a fixed cap from the start")]
+    else:
+        adv = [_advice(cfg, "generation.length_schedule", _cfg(cfg, "generation.length_schedule") or [[ev["raise_step"], int(new_cap)]],
+                       "keep the schedule but run it with this pipeline, which sets what generation reads (trainer attribute, "
+                       "generation config, vLLM sampling params) and logs generation/max_completion_length; drop callbacks "
+                       "that mutate args"),
+               _advice(cfg, "generation.max_completion_length", "adaptive", "or let the cap follow the clipped ratio")]
     return Finding(
         "length_schedule_ignored", h.steps[end - 1],
         f"the cap rose from {base:g} to {new_cap:g} at step {ev['raise_step']} ({source}), but completions/max_length "
         f"stayed at {stuck:g} over steps {ev['steps'][0]}-{ev['steps'][1]} while {100 * clip:.0f}% were still clipped",
-        ev,
-        "generation still uses the old cap: changing args.max_completion_length after TRL copied it at init changes "
-        "nothing; answers that need more room stay cut and the schedule's intent never reaches training",
-        [
-            _advice(cfg, "generation.length_schedule", target,
-                    "let the pipeline's schedule apply the cap (it sets what generation reads: the trainer attribute, "
-                    "generation config and vLLM sampling params); drop any callback that mutates args"),
-            _advice(cfg, "generation.max_completion_length", "adaptive", "or let the cap follow the clipped ratio"),
-            f"if this run already used generation.length_schedule, the cap is not reaching generation: report it with this run directory",
-        ],
+        ev, why, adv,
     )
 
 
 def reward_plateau(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
-    # Early stopping's patience test, plus a relative one so a slow but steady rise is not a plateau:
-    # the last window must add less than plateau_min_gain AND less than plateau_rel_gain of the earlier gain.
-    w = s.plateau_window(end)
-    if end - w < s.smooth or not h.has("reward"):
+    # Three windows of w logged steps: the first, the one before the last, and the last. "No improvement" must
+    # hold with confidence (gain + z SE below plateau_min_gain), so noise alone rarely makes a plateau; and if
+    # the reward rose before, its rate over the last window must have fallen below plateau_rel_gain of the
+    # earlier rate, so a slow but steady climb is not a plateau either.
+    w = s.plateau_window(end, _planned_rows(cfg))
+    a, m = end - 2 * w, end - w
+    if a < w:
         return None
-    sm, best = h.smoothed("reward", s.smooth), h.running_max("reward", s.smooth)
-    before, first = best[end - w - 1], sm[s.smooth - 1]
-    recent = max(sm[end - w:end])
-    if -math.inf in (before, first, recent):
+    R, need = "reward", max(2, w // 2)
+    first, prev, last = h.mean(R, 0, w, need), h.mean(R, a, m, need), h.mean(R, m, end, need)
+    if None in (first, prev, last):
         return None
-    gain, earlier = recent - before, before - first
-    if gain >= s.plateau_min_gain or gain >= s.plateau_rel_gain * max(earlier, 0.0):
+    gain = last - prev
+    ucb = gain + s.confidence_z * math.hypot(h.sem(R, a, m), h.sem(R, m, end))
+    earlier = prev - first
+    rose = earlier > s.confidence_z * math.hypot(h.sem(R, 0, w), h.sem(R, a, m))
+    if ucb >= s.plateau_min_gain or (rose and ucb / w >= s.plateau_rel_gain * earlier / a):
         return None
-    best_i = next(i for i in range(end - w) if sm[i] == before)
-    ev = {"first_smoothed_reward": _r(first), "best_smoothed_reward": _r(before), "best_step": h.steps[best_i],
-          "best_in_window": _r(recent), "steps": _span(h, end - w, end), "patience": w, "gain": _r(gain),
+    ev = {"first_reward": _r(first), "previous_window": [_r(prev)] + _span(h, a, m), "last_window": [_r(last)] + _span(h, m, end),
+          "gain": _r(gain), "gain_upper_bound": _r(ucb), "earlier_gain": _r(earlier), "window": w,
           "min_gain": s.plateau_min_gain, "rel_gain": s.plateau_rel_gain}
     return Finding(
         "reward_plateau", h.steps[end - 1],
-        f"smoothed reward (rolling {s.smooth}) rose from {first:.3f} to {before:.3f} by step {ev['best_step']}, then "
-        f"gained {gain:+.4f} in the {w} logged steps since (steps {ev['steps'][0]}-{ev['steps'][1]})",
+        f"mean reward {first:.3f} at the start, {prev:.3f} over steps {ev['previous_window'][1]}-{ev['previous_window'][2]}, "
+        f"{last:.3f} over steps {ev['last_window'][1]}-{ev['last_window'][2]}: a gain of {gain:+.4f} "
+        f"(at most {ucb:+.4f}) in {w} logged steps",
         ev,
         "more steps at these settings buy nothing; a plateau with never_stops, no_effective_update or "
         "zero_variance_groups is their symptom, so fix those first",
@@ -468,7 +472,7 @@ def reward_plateau(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any]
 
 
 def judge_rouge_divergence(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
-    w = s.plateau_window(end)
+    w = s.plateau_window(end, _planned_rows(cfg))
     a, m = end - 2 * w, end - w
     if a < 0:
         return None
@@ -478,8 +482,8 @@ def judge_rouge_divergence(h: History, end: int, s: RuleSettings, cfg: Mapping[s
     if None in (j0, j1, r0, r1):
         return None
     dj, dr = j1 - j0, r1 - r0
-    sj = 2 * math.hypot(h.sem(J, a, m), h.sem(J, m, end))
-    sr = 2 * math.hypot(h.sem(R, a, m), h.sem(R, m, end))
+    sj = s.confidence_z * math.hypot(h.sem(J, a, m), h.sem(J, m, end))
+    sr = s.confidence_z * math.hypot(h.sem(R, a, m), h.sem(R, m, end))
     if dj < max(s.divergence_min_change, sj) or dr > -max(s.divergence_min_change, sr):
         return None
     ev = {"judge": [_r(j0), _r(j1)], "rouge_l": [_r(r0), _r(r1)], "before_steps": _span(h, a, m), "steps": _span(h, m, end),
@@ -631,7 +635,7 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
             out += ["", f"### `{f.rule}` (from step {f.first_step})", "", f.summary + ".", "", f"**Why it matters:** {f.why}.", "",
                     "**What to change:**", ""]
             out += [f"- `{a.split(' — ')[0]}`" + (f" — {a.split(' — ', 1)[1]}" if " — " in a else "") for a in f.advice]
-            out += ["", "<details><summary>evidence</summary>", "", "```json", json.dumps(f.evidence, indent=1), "```", "</details>"]
+            out += ["", "<details><summary>evidence</summary>", "", "```json", json.dumps(f.evidence), "```", "</details>"]
     out += ["", "## Metrics", "", "| metric | first | last | min | max |", "|---|---|---|---|---|"]
     for key in ("reward", "reward_std", "entropy", "completions/clipped_ratio", "completions/mean_length",
                 "completions/max_length", CAP, "clip_ratio/region_mean", "frac_reward_zero_std",
@@ -647,8 +651,10 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
     return path
 
 
-def doctor(run_dir: str | Path, settings: RuleSettings | None = None, plots: bool = True):
-    """Read a run directory, diagnose it, write report.md and PNGs. Raises RunDirError on bad input."""
+def doctor(run_dir: str | Path, settings: RuleSettings | None = None,
+           plots: bool = True) -> tuple[Run, list[Finding], Path, dict[str, Path]]:
+    """Read a run directory, diagnose it, write report.md and PNGs: (run, findings, report, plots).
+    Raises RunDirError on bad input."""
     run = load_run(run_dir)
     h = History(run.rows)
     if not len(h):
@@ -659,7 +665,7 @@ def doctor(run_dir: str | Path, settings: RuleSettings | None = None, plots: boo
     if plots:
         from pipeline.plots import plot_run
 
-        written = plot_run(run.rows, run.path, findings)
+        written = plot_run(run.rows, run.path, findings, run.config)
     report = write_report(run, h, findings, written)
     return run, findings, report, written
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from transformers import TrainerCallback
 
-from pipeline.doctor import RULES, Finding, History, RuleSettings, check
+from pipeline.doctor import RULES, Finding, History, RuleSettings, _as_dict, check
 
 COUNTER_NAME = "synth_grpo_health_findings"
 
@@ -22,7 +22,7 @@ class HealthCallback(TrainerCallback):
     def __init__(self, rules: RuleSettings | None = None, config: Any = None, print_fn: Callable[[str], Any] = print,
                  export_ray_metrics: bool = True, only: Iterable[str] | None = None):
         self.settings = rules or RuleSettings()
-        self.config = config  # RunConfig or its dict: advice names the current values
+        self.config = _as_dict(config)  # RunConfig or its dict: windows scale with max_steps, advice names current values
         self.print_fn = print_fn
         self.export_ray_metrics = export_ray_metrics
         self.pending = [r for r in (only or RULES) if r in RULES]

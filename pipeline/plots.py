@@ -51,6 +51,24 @@ def _mark(ax, findings, names) -> None:
                         color="crimson", va="top", ha="right")
 
 
+def _schedule(ax, rows, config) -> None:
+    from pipeline.doctor import _config_caps
+
+    start, sched = _config_caps(config)
+    xs = series(rows, "completions/max_length")[0]
+    if not sched or start is None or not xs:
+        return
+    pts = [(xs[0], start)] + [(float(s), float(n)) for s, n in sched if xs[0] <= s <= xs[-1]] + [(xs[-1], None)]
+    px, py, cap = [], [], float(start)
+    for x, n in pts:
+        px.append(x)
+        py.append(cap)
+        cap = cap if n is None else n
+        px.append(x)
+        py.append(cap)
+    ax.plot(px, py, color="black", linestyle="--", linewidth=1, label="cap (config length_schedule)")
+
+
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
     fig.tight_layout()
@@ -66,9 +84,11 @@ def _finish(ax, xlabel=True) -> None:
         ax.set_xlabel("step")
 
 
-def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Iterable[Any] = ()) -> dict[str, Path]:
+def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Iterable[Any] = (),
+             config: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """Write reward.png, entropy.png, length.png and clip_ratio.png (each only if it has data);
-    returns {name: path}. Findings are marked where they first fired."""
+    returns {name: path}. Findings are marked where they first fired; without a logged cap, the
+    config's length schedule is drawn, so a cap that never reached generation shows."""
     out, findings = Path(out_dir), list(findings)
     keys = {k for r in rows for k in r}
     written: dict[str, Path] = {}
@@ -112,7 +132,9 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         ax = fig.subplots()
         _line(ax, rows, "completions/mean_length", label="mean length")
         _line(ax, rows, "completions/max_length", label="max length")
-        _line(ax, rows, "generation/max_completion_length", label="cap (generation)", color="black", linestyle="--")
+        if not _line(ax, rows, "generation/max_completion_length", label="cap (generation)", color="black", linestyle="--"):
+            _schedule(ax, rows, config)
+        ax.set_ylim(bottom=0)
         ax.set_ylabel("tokens")
         ax2 = ax.twinx()
         _line(ax2, rows, "completions/clipped_ratio", label="clipped ratio", color="crimson", alpha=0.6)
