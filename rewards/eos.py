@@ -36,12 +36,17 @@ def eos_reward(
     return 0.0
 
 
-def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
+def _length(completion: Sequence[int] | int) -> int:
+    return completion if isinstance(completion, int) else len(completion)
+
+
+def overlong_penalty(completion: Sequence[int] | int, max_len: int, buffer: int) -> float:
     """DAPO soft overlong penalty: 0 up to ``max_len - buffer``, linear to -1 at ``max_len``.
 
-    Beyond ``max_len`` it stays -1. ``buffer <= 0`` disables the ramp (0 within ``max_len``);
-    a buffer larger than ``max_len`` ramps from length 0.
+    ``completion`` is the ids or their count. Beyond ``max_len`` it stays -1. ``buffer <= 0``
+    disables the ramp (0 within ``max_len``); a buffer larger than ``max_len`` ramps from length 0.
     """
+    length = _length(completion)
     if length > max_len:
         return -1.0
     if buffer <= 0:
@@ -52,9 +57,9 @@ def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
     return -(length - start) / (max_len - start)
 
 
-def brevity_penalty(length: int, max_len: int) -> float:
-    """``-length / max_len``: a steady push toward shorter answers (scaled by a weight outside)."""
-    return -length / max_len if max_len > 0 else 0.0
+def brevity_penalty(completion: Sequence[int] | int, max_len: int) -> float:
+    """``-len / max_len`` (ids or their count): a steady push toward shorter answers, weighted outside."""
+    return -_length(completion) / max_len if max_len > 0 else 0.0
 
 
 def eos_component(

@@ -65,6 +65,11 @@ def test_overlong_penalty_edges():
     assert overlong_penalty(5, 10, 50) == pytest.approx(-0.5)  # buffer wider than the cap ramps from 0
 
 
+def test_pieces_take_ids_or_counts():
+    assert overlong_penalty([1] * 92, 100, 16) == overlong_penalty(92, 100, 16) == pytest.approx(-0.5)
+    assert brevity_penalty([1] * 16, 64) == brevity_penalty(16, 64) == -0.25
+
+
 def test_brevity_penalty():
     assert brevity_penalty(0, 64) == 0.0
     assert brevity_penalty(32, 64) == -0.5
