@@ -13,16 +13,7 @@ from typing import Any, Callable
 
 from pipeline.config import REWARD_COMPONENTS, RunConfig
 from pipeline.reward_pool import RewardPool
-
-
-def completion_text(completion: Any) -> str:
-    """TRL passes conversational completions as [{"role": "assistant", "content": ...}]."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion:
-        last = completion[-1]
-        return last.get("content", "") if isinstance(last, dict) else str(last)
-    return ""
+from rewards.trl_rewards import completion_text
 
 
 def eos_kwargs(cfg: RunConfig) -> dict[str, float]:

@@ -97,7 +97,7 @@ class SamplesWriter(TrainerCallback):
             return
         if not logs or "completions/clipped_ratio" not in logs:
             return
-        from pipeline.reward_clients import completion_text
+        from rewards.trl_rewards import completion_text
 
         tlogs = self.trainer._logs
         prompts, completions = list(tlogs["prompt"]), list(tlogs["completion"])
@@ -207,8 +207,11 @@ class Evaluator(TrainerCallback):
     def _run(self, state) -> None:
         metrics = self.evaluate(state.global_step)
         # Straight to the callbacks: TRL's trainer.log would fold (and clear) the pending train metrics.
+        # DefaultFlowCallback.on_log clears control.should_log; keep this step's own train log.
         tr = self.trainer
+        should_log = tr.control.should_log
         tr.callback_handler.on_log(tr.args, state, tr.control, logs=dict(metrics))
+        tr.control.should_log = should_log
         if self.report is not None:
             self.report({**metrics, "step": state.global_step})
 

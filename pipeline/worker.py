@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,7 @@ def train_loop_per_worker(config: dict) -> None:
     from trl import GRPOTrainer
 
     from pipeline.data import load_records, to_trl_rows
+    from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl
     from pipeline.reward_clients import make_pool_reward_funcs
     from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter
@@ -201,13 +203,8 @@ def train_loop_per_worker(config: dict) -> None:
     metrics = MetricsSink(run_dir, cfg.output.run_name or run_dir.name, cfg.logging.ray_metrics)
     samples = SamplesWriter(run_dir, cfg.logging.samples_every, cfg.logging.num_samples)
     evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=ray.train.report)
-    callbacks = [length_ctl, samples, metrics, RayTrainReporter()]
-    try:
-        from pipeline.health import HealthCallback
-
-        callbacks.insert(2, HealthCallback())
-    except ImportError:
-        pass
+    health = HealthCallback(config=cfg, print_fn=log or (lambda _msg: None))
+    callbacks = [length_ctl, samples, health, metrics, RayTrainReporter()]
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=funcs,
@@ -228,13 +225,16 @@ def train_loop_per_worker(config: dict) -> None:
         resume_from = checkpoint.to_directory()  # a local copy every rank can read
         step = json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]
         _restore_length_state(run_dir, step, length_ctl, truncate=is_rank0)
-        if log:
+        if is_rank0:
             log(f"[resume] from checkpoint at step {step}")
+            with (run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"event": "resume", "step": step, "time": time.time()}) + "\n")
     trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_model(str(run_dir / "adapter"))
     if is_rank0:
         tokenizer.save_pretrained(str(run_dir / "adapter"))
         (run_dir / "length_changes.json").write_text(json.dumps(length_ctl.changes))
+        health.write(run_dir / "health.json")
     final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}
     ray.train.report({**final, **evaluator.last, "done": 1, "step": trainer.state.global_step})
 

@@ -1,0 +1,236 @@
+"""Training on Ray, end to end on CPU with the tiny policy: real actors, real Ray Train workers, real ZeRO."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import REWARD_COMPONENTS, config_from_dict, load_config
+from pipeline.run_callbacks import read_metrics
+from pipeline.train import RAY_TRAIN_DIR, prepare_run_dir, run_training
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small(tmp_path: Path, **sections) -> dict:
+    """The tiny config cut down to seconds per step; sections override groups."""
+    data = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
+    data.setdefault("optimization", {}).update(max_steps=4, per_device_train_batch_size=8)
+    data.setdefault("eval", {}).update(num_prompts=4, every_steps=2)
+    data.setdefault("output", {}).update(save_steps=2, checkpoints_kept=2, root=str(tmp_path))
+    data.setdefault("logging", {}).update(samples_every=1, num_samples=2, progress_bar=False)
+    data.setdefault("distributed", {}).update(max_failures=0)
+    for group, values in sections.items():
+        data.setdefault(group, {}).update(values)
+    return data
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
+
+
+def run(tmp_path: Path, data: dict, name: str, pool=None):
+    cfg = config_from_dict(data)
+    cfg.output.run_name = name
+    run_dir = tmp_path / name
+    prepare_run_dir(cfg, run_dir, log=None)
+    return cfg, run_dir, run_training(cfg, run_dir, pool=pool, log=None)
+
+
+def test_two_workers_zero2_end_to_end(ray_local, tmp_path):
+    data = small(tmp_path, distributed={"num_workers": 2, "zero_stage": 2, "cpus_per_worker": 0.5},
+                 judge={"cpus_per_actor": 0.25}, optimization={"per_device_train_batch_size": 4})
+    cfg, run_dir, outcome = run(tmp_path, data, "zero2")
+
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["distributed"]["zero_stage"] == 2
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # rank 0 only: one row per step
+    for r in rows:
+        for c in REWARD_COMPONENTS:
+            assert math.isfinite(r[f"rewards/{c}/mean"]) and f"rewards/{c}/std" in r
+        for key in ("reward", "reward_std", "entropy", "completions/clipped_ratio", "completions/max_length",
+                    "clip_ratio/region_mean", "frac_reward_zero_std", "generation/max_completion_length"):
+            assert key in r, key
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/score" in r]
+    assert [r["step"] for r in evals] == [0, 2, 4]
+    assert all(0 <= r["eval/score"] <= 1 and 0 <= r["eval/eos_rate"] <= 1 for r in evals)
+
+    samples = read_metrics(run_dir / "samples.jsonl")
+    assert samples and {"prompt", "completion", "reference", "scores", "ended_with_eos"} <= set(samples[0])
+    assert set(samples[0]["scores"]) == set(REWARD_COMPONENTS)
+
+    adapter = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == cfg.lora.r
+    ckpts = sorted((run_dir / RAY_TRAIN_DIR).glob("checkpoint-*"))
+    assert [c.name for c in ckpts] == ["checkpoint-000002", "checkpoint-000004"]
+    # Real ZeRO-2 across two ranks: DeepSpeed wrote one optimizer shard per rank.
+    shards = sorted(p.name for p in (ckpts[-1] / "global_step4").glob("*optim_states.pt"))
+    assert len(shards) == 2 and shards[0].startswith("zero_pp_rank_0")
+    assert "reward:" in outcome.summary and str(run_dir / "adapter") in outcome.summary
+
+
+def never_stopping_policy(tiny_policy: Path, dest: Path) -> Path:
+    """The tiny policy with EOS moved to a token it never writes: every completion runs to the cap."""
+    shutil.copytree(tiny_policy, dest)
+    tok = json.loads((dest / "tokenizer_config.json").read_text())
+    tok["eos_token"] = "<|system|>"
+    (dest / "tokenizer_config.json").write_text(json.dumps(tok))
+    from transformers import AutoTokenizer
+
+    sys_id = AutoTokenizer.from_pretrained(dest).convert_tokens_to_ids("<|system|>")
+    for name in ("config.json", "generation_config.json"):
+        c = json.loads((dest / name).read_text())
+        c["eos_token_id"] = sys_id
+        (dest / name).write_text(json.dumps(c))
+    return dest
+
+
+def test_length_schedule_changes_what_generation_reads(ray_local, tmp_path, tiny_policy):
+    policy = never_stopping_policy(tiny_policy, tmp_path / "never-stops")
+    data = small(tmp_path, model={"name_or_path": str(policy)},
+                 generation={"max_completion_length": 8, "length_schedule": [[3, 20]]},
+                 optimization={"max_steps": 5}, eval={"num_prompts": 0})
+    _, run_dir, _ = run(tmp_path, data, "schedule")
+    rows = {r["step"]: r for r in train_rows(run_dir)}
+    assert all(rows[s]["completions/clipped_ratio"] == 1.0 for s in rows)  # it never stops
+    assert max(rows[s]["completions/max_length"] for s in (1, 2)) <= 8
+    assert all(rows[s]["completions/max_length"] > 8 for s in (4, 5))  # the switch reached generation
+    assert rows[4]["generation/max_completion_length"] == 20
+
+
+def test_judge_actor_killed_mid_run_every_step_scored(ray_local, tmp_path):
+    from pipeline.reward_pool import start_pool, stop_pool
+
+    data = small(tmp_path, optimization={"max_steps": 6}, judge={"max_restarts": 2, "max_retries": 4})
+    cfg = config_from_dict(data)
+    pool = start_pool(cfg)
+    before = ray_local.get(pool.judges[0].pid.remote())
+    run_dir = tmp_path / "judge-kill"
+    killed = threading.Event()
+
+    def killer():
+        deadline = time.time() + 600
+        while time.time() < deadline and len(train_rows(run_dir)) < 2:
+            time.sleep(0.2)
+        ray_local.kill(pool.judges[0], no_restart=False)
+        killed.set()
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    try:
+        run(tmp_path, data, "judge-kill", pool=pool)
+        after = ray_local.get(pool.judges[0].pid.remote())
+    finally:
+        stop_pool(pool)
+    assert killed.is_set() and after != before  # the actor died and Ray restarted it
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert all(math.isfinite(r["rewards/judge/mean"]) and r["rewards/judge/mean"] > 0 for r in rows)
+
+
+def test_pool_error_names_the_actor_after_retries(ray_local):
+    from pipeline.reward_pool import RewardPoolError, start_pool, stop_pool
+
+    cfg = load_config(None, ["judge.max_retries=1", "judge.max_restarts=0", "judge.num_scorer_actors=2"])
+    pool = start_pool(cfg)
+    try:
+        cands = [f"Antwort {i}" for i in range(7)]
+        refs = ["Antwort 3"] * 7
+        assert pool.run(pool.rouge_l(cands, refs)) == [1.0 if i == 3 else 0.5 for i in range(7)]  # order kept across 2 actors
+        ray_local.kill(pool.judges[0], no_restart=True)
+        with pytest.raises(RewardPoolError, match=r"judge-0 .*ActorDiedError|judge-0.*died"):
+            pool.run(pool.judge(["Frage?"] * 3, ["Ja."] * 3, ["Ja."] * 3))
+    finally:
+        stop_pool(pool)
+
+
+def _ray_train_worker_pids() -> list[int]:
+    """Ray names worker processes after the actor they host (ray::RayTrainWorker...)."""
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if cmd.startswith("ray::RayTrainWorker"):
+            pids.append(proc.info["pid"])
+    return pids
+
+
+def registered_checkpoints(run_dir: Path) -> list[str]:
+    """Checkpoints Ray Train's controller has registered (what a restarted worker group resumes from)."""
+    snap = run_dir / RAY_TRAIN_DIR / "checkpoint_manager_snapshot.json"
+    try:
+        return [c["checkpoint_dir_name"] for c in json.loads(snap.read_text())["checkpoint_results"]]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def resume_events(run_dir: Path) -> list[int]:
+    return [e["step"] for e in read_metrics(run_dir / "events.jsonl") if e.get("event") == "resume"]
+
+
+def test_worker_killed_resumes_from_checkpoint(ray_local, tmp_path):
+    steps_total = 16
+    data = small(tmp_path, optimization={"max_steps": steps_total}, distributed={"max_failures": 1},
+                 eval={"num_prompts": 0})
+    run_dir = tmp_path / "worker-kill"
+    killed = []
+
+    def killer():
+        deadline = time.time() + 600
+        while time.time() < deadline and not registered_checkpoints(run_dir):
+            time.sleep(0.1)
+        for pid in _ray_train_worker_pids():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    run(tmp_path, data, "worker-kill")
+    t.join(timeout=5)
+    assert killed, "no Ray Train worker was killed"
+    resumed = resume_events(run_dir)
+    assert len(resumed) == 1 and 2 <= resumed[0] < steps_total  # restarted from a checkpoint, not from scratch
+    steps = [r["step"] for r in train_rows(run_dir)]
+    assert steps == list(range(1, steps_total + 1))  # finished at the target, no step logged twice
+    last = sorted((run_dir / RAY_TRAIN_DIR).glob("checkpoint-*"))[-1]
+    assert json.loads((last / "trainer_state.json").read_text())["global_step"] == steps_total
+
+
+def test_interrupted_run_resumes_by_rerunning_the_command(tmp_path):
+    data = small(tmp_path, optimization={"max_steps": 16}, eval={"num_prompts": 0})
+    data["output"]["run_name"] = "rerun"
+    cfg_path = tmp_path / "rerun.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "rerun"
+    cmd = [sys.executable, "-m", "pipeline", "train", "--config", str(cfg_path), "--address", "local"]
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and not registered_checkpoints(run_dir):
+        if first.poll() is not None:
+            break
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)  # the whole local Ray with it, as a crash would
+    first.wait(timeout=60)
+    assert registered_checkpoints(run_dir)
+    assert len(train_rows(run_dir)) < 16
+
+    second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resuming" in second.stdout
+    assert len(resume_events(run_dir)) == 1
+    assert [r["step"] for r in train_rows(run_dir)] == list(range(1, 17))
