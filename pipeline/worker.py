@@ -157,30 +157,11 @@ def _restore_length_state(run_dir: Path, step: int, length_ctl, truncate: bool) 
         length_ctl.restore(int(caps[-1]), clipped[-length_ctl.recent.maxlen :] if length_ctl.adaptive else [])
 
 
-def train_loop_per_worker(config: dict) -> None:
-    import ray.train
+def load_policy(cfg: RunConfig, on_gpu: bool):
+    """(tokenizer, model, eos_ids) for the configured policy; hub ids and local paths load the same way."""
     import torch
-    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
 
-    from pipeline.data import load_records, to_trl_rows
-    from pipeline.health import HealthCallback
-    from pipeline.length_control import CompletionLengthControl
-    from pipeline.reward_clients import make_pool_reward_funcs
-    from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter
-
-    cfg = config_from_dict(config["cfg"])
-    run_dir = Path(config["run_dir"])
-    pool = config["pool"]
-    ctx = ray.train.get_context()
-    rank = ctx.get_world_rank()
-    is_rank0 = rank == 0
-    log = print if is_rank0 else None
-    on_gpu = cfg.distributed.use_gpu and torch.cuda.is_available()
-    torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
-
-    train_recs, eval_recs, _ = load_records(cfg.data, log=log)
     policy = resolve_policy_path(cfg)
     common = dict(revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(policy, **common)
@@ -194,26 +175,59 @@ def train_loop_per_worker(config: dict) -> None:
     )
     eos_ids = model.generation_config.eos_token_id or tokenizer.eos_token_id
     eos_ids = [int(x) for x in (eos_ids if isinstance(eos_ids, list) else [eos_ids])]
+    return tokenizer, model, eos_ids
 
+
+def build_grpo_trainer(cfg: RunConfig, run_dir: Path, tokenizer, model, train_recs: list[dict], funcs, weights,
+                       callbacks, on_gpu: bool = False, is_rank0: bool = True):
+    """TRL's GRPOTrainer for this config: the one construction shared by Ray workers and benchmarks."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from pipeline.data import to_trl_rows
+
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=funcs,
+        args=build_grpo_config(cfg, run_dir, on_gpu, is_rank0, weights),
+        train_dataset=Dataset.from_list(to_trl_rows(train_recs, cfg.data.system_prompt)),
+        processing_class=tokenizer,
+        peft_config=lora_config(cfg),
+        callbacks=list(callbacks),
+    )
+
+
+def train_loop_per_worker(config: dict) -> None:
+    import ray.train
+    import torch
+
+    from pipeline.data import load_records
+    from pipeline.health import HealthCallback
+    from pipeline.length_control import CompletionLengthControl
+    from pipeline.reward_clients import make_pool_reward_funcs
+    from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter
+
+    cfg = config_from_dict(config["cfg"])
+    run_dir = Path(config["run_dir"])
+    pool = config["pool"]
+    rank = ray.train.get_context().get_world_rank()
+    is_rank0 = rank == 0
+    log = print if is_rank0 else None
+    on_gpu = cfg.distributed.use_gpu and torch.cuda.is_available()
+    torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
+
+    train_recs, eval_recs, _ = load_records(cfg.data, log=log)
+    tokenizer, model, eos_ids = load_policy(cfg, on_gpu)
     length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=log)
     self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens) if cfg.judge.backend == "self" else None
     funcs, weights = make_pool_reward_funcs(pool, cfg, eos_ids, lambda: length_ctl.current, self_judge)
-    args = build_grpo_config(cfg, run_dir, on_gpu, is_rank0, weights)
 
     metrics = MetricsSink(run_dir, cfg.output.run_name or run_dir.name, cfg.logging.ray_metrics)
     samples = SamplesWriter(run_dir, cfg.logging.samples_every, cfg.logging.num_samples)
     evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=ray.train.report)
     health = HealthCallback(config=cfg, print_fn=log or (lambda _msg: None))
-    callbacks = [length_ctl, samples, health, metrics, RayTrainReporter()]
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=funcs,
-        args=args,
-        train_dataset=Dataset.from_list(to_trl_rows(train_recs, cfg.data.system_prompt)),
-        processing_class=tokenizer,
-        peft_config=lora_config(cfg),
-        callbacks=callbacks + [evaluator],
-    )
+    callbacks = [length_ctl, samples, health, metrics, RayTrainReporter(), evaluator]
+    trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0)
     length_ctl.bind(trainer)
     samples.trainer = evaluator.trainer = trainer
     if self_judge is not None:
