@@ -9,6 +9,7 @@ cause, so no step trains on missing or zero-filled rewards.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -32,7 +33,13 @@ def eval_judge_spec(cfg: RunConfig) -> tuple[str, str]:
     return cfg.judge.backend, cfg.judge.model
 
 
-class JudgeWorker:
+class _ActorProcess:
+    def pid(self) -> int:
+        """The actor's process id: tests and operators use it to see a restart."""
+        return os.getpid()
+
+
+class JudgeWorker(_ActorProcess):
     """Holds one frozen judge model for the life of the actor."""
 
     def __init__(self, backend: str, model: str, max_input_tokens: int, use_gpu: bool):
@@ -55,13 +62,8 @@ class JudgeWorker:
     def stats(self) -> dict[str, float]:
         return {"scored": self.scored, "busy_seconds": self.busy_seconds, "load_seconds": self.load_seconds}
 
-    def pid(self) -> int:
-        import os
 
-        return os.getpid()
-
-
-class ScorerWorker:
+class ScorerWorker(_ActorProcess):
     """ROUGE-L, length similarity and termination shaping: pure functions from rewards/."""
 
     def rouge_l(self, candidates: list[str], references: list[str]) -> list[float]:
@@ -79,10 +81,10 @@ class ScorerWorker:
 
         return eos_component_batch(completion_ids, eos_token_ids, max_len, **kwargs)
 
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
+    def warm_up(self) -> None:
+        self.rouge_l(["Antwort."], ["Antwort."])
+        self.length(["Antwort."], ["Antwort."])
+        self.eos([[1, 2]], [2], 8, {})
 
 
 def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
@@ -186,7 +188,9 @@ def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
         scorers.append(scorer_cls.options(num_cpus=0, **opts, **extra).remote())
         sn.append(actor_name or f"scorer-{i}")
     try:
-        ray.get([a.pid.remote() for a in judges + scorers])
+        # Warm every actor up (imports, first forward pass) so the first training step does not pay for it.
+        ray.get([a.score.remote(["Frage?"], ["Antwort."], ["Antwort."]) for a in judges]
+                + [a.warm_up.remote() for a in scorers])
     except Exception as e:  # a judge that cannot load is a config problem, say which
         raise RewardPoolError(f"reward pool: could not start the judge ({backend}:{model}): {e}") from e
     return RewardPool(judges, scorers, max_retries=j.max_retries, judge_names=jn, scorer_names=sn)
