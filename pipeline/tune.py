@@ -1,0 +1,356 @@
+"""`synth-grpo tune`: Ray Tune over the same training as `synth-grpo train`, one run directory per trial.
+
+Each trial is a Tune function that builds the project's Ray Train TorchTrainer for its own config
+and run directory and calls ``fit()`` (the Ray Train V2 + Tune pattern); a Ray Train callback
+forwards the held-out ``eval/score`` reports to Tune. The objective is that fixed-weight score,
+never the training reward, whose scale moves with the searched reward weights. One reward pool
+(one frozen judge in memory) is started by the driver and shared by every trial.
+
+Layout under ``<output.root>/<name>/``: ``trials/<trial_id>/`` (run directories), ``tune/`` (Tune's
+experiment state, for ``--resume``), ``base_config.yaml`` and ``space.yaml`` (what the search
+resumes with), ``results.csv`` and ``best.yaml``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from pipeline.config import ConfigError, RunConfig, config_from_dict
+from pipeline.search_space import SearchSpace, SpaceError, load_space, parse_space
+
+OBJECTIVE = "eval/score"
+TIME_ATTR = "step"  # the training step each eval reports: ASHA's clock
+TRIAL_DRIVER_CPUS = 0.1  # the Tune trial only waits on its Train controller; workers bring their own CPUs
+TUNE_DIR, TRIALS_DIR = "tune", "trials"
+BASE_CONFIG, SPACE_COPY, RESULTS_CSV, BEST_CONFIG = "base_config.yaml", "space.yaml", "results.csv", "best.yaml"
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class SearchOutcome:
+    exp_dir: Path
+    rows: list[dict[str, Any]]
+    results_csv: Path
+    best_config: Path | None
+    interrupted: bool
+    search_alg: str
+    columns: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- inside a trial
+
+
+def _report_callback(max_steps: int):
+    """Ray Train callback (runs in the Train controller): forward eval reports to the Tune trial.
+
+    Checkpoint-only reports carry no ``eval/score`` (Tune's strict metric check would fail the
+    trial). The eval at the last step is skipped because the final report repeats it after the
+    adapter is saved: a trial ASHA stops at its last rung then still has its adapter.
+    """
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    class EvalReportCallback(TuneReportCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            row = dict(metrics[0]) if metrics else {}
+            final = bool(row.pop("done", 0))  # Tune reads "done" as "stop this trial now"
+            if OBJECTIVE not in row or (not final and row.get(TIME_ATTR, 0) >= max_steps):
+                return
+            super().after_report(run_context, [row], None)
+
+    return EvalReportCallback()
+
+
+def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpace, pool, trials_dir: str) -> None:
+    """One Tune trial: its config (validated), its run directory, the project's TorchTrainer.fit()."""
+    from ray import tune
+
+    from pipeline.train import build_trainer, gpu_length_ceiling, prepare_run_dir
+
+    trial_id = tune.get_context().get_trial_id()
+    cfg = space.trial_config(base, params)
+    cfg.output.root, cfg.output.run_name = trials_dir, trial_id
+    run_dir = Path(trials_dir) / trial_id  # stable across --resume: Ray Train resumes from its checkpoints
+    prepare_run_dir(cfg, run_dir, log=None)
+    callback = _report_callback(cfg.optimization.max_steps)
+    build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[callback]).fit()
+
+
+def _trial_dirname(trial) -> str:
+    return trial.trial_id
+
+
+# ---------------------------------------------------------------- driver
+
+
+def max_concurrent_trials(cfg: RunConfig, resources: dict[str, float]) -> int:
+    """Trials that fit beside the shared pool: (cluster - pool) / (trial driver + workers), at least 1."""
+    d, j = cfg.distributed, cfg.judge
+    per_trial_cpu = TRIAL_DRIVER_CPUS + d.num_workers * d.cpus_per_worker
+    fits = [(resources.get("CPU", 0.0) - j.num_actors * j.cpus_per_actor) / per_trial_cpu]
+    if d.use_gpu:
+        fits.append((resources.get("GPU", 0.0) - j.num_actors * j.gpus_per_actor) / (d.num_workers * d.gpus_per_worker))
+    return max(1, math.floor(min(fits) + 1e-9))
+
+
+def search_algorithm(seed: int):
+    """Optuna (TPE) where it imports, else Tune's random search; both seeded."""
+    try:
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        return OptunaSearch(seed=seed), "optuna"
+    except ImportError:
+        from ray.tune.search import BasicVariantGenerator
+
+        return BasicVariantGenerator(random_state=seed), "random"
+
+
+def resolve_base(cfg: RunConfig) -> RunConfig:
+    """Absolute paths: Tune runs trials in their own working directories."""
+    cfg = config_from_dict(cfg.to_dict())
+    cfg.output.root = str(Path(cfg.output.root).expanduser().resolve())
+    model = Path(cfg.model.name_or_path).expanduser()
+    if model.exists():
+        cfg.model.name_or_path = str(model.resolve())
+    return cfg
+
+
+def experiment_dir(cfg: RunConfig, name: str | None) -> tuple[str, Path]:
+    name = name or f"{cfg.output.run_name or 'run'}-tune"
+    return name, Path(cfg.output.root).expanduser().resolve() / name
+
+
+def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = None, samples: int | None = None,
+               resume: bool = False, log=print, tune_callbacks: Sequence = ()) -> SearchOutcome:
+    """Run (or, with ``resume``, continue) a search on the current Ray; raises ConfigError for bad input.
+
+    On resume the base config and space saved with the experiment are used, so the finished
+    trials and the rest are one search.
+    """
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.train import init_ray
+
+    name, exp_dir = experiment_dir(cfg, name)
+    tune_dir = exp_dir / TUNE_DIR
+    if resume:
+        if not tune.Tuner.can_restore(str(tune_dir)):
+            raise ConfigError([f"--resume: no search to resume at {tune_dir} (check --config's output.root and --name)"])
+        base = config_from_dict(yaml.safe_load((exp_dir / BASE_CONFIG).read_text(encoding="utf-8")))
+        space = parse_space(yaml.safe_load((exp_dir / SPACE_COPY).read_text(encoding="utf-8")), str(exp_dir / SPACE_COPY))
+        if log:
+            log(f"[tune] resuming {exp_dir} with its saved {BASE_CONFIG} and {SPACE_COPY}")
+    else:
+        if space is None:
+            raise ConfigError(["--space: a search space is required"])
+        if tune_dir.exists():
+            raise ConfigError([f"--name: a search already exists at {exp_dir}; pass --resume to continue it, or another --name"])
+        base = resolve_base(cfg)
+        _check_base(base, space)
+        exp_dir.mkdir(parents=True, exist_ok=True)
+        (exp_dir / BASE_CONFIG).write_text(base.to_yaml(), encoding="utf-8")
+        (exp_dir / SPACE_COPY).write_text(yaml.safe_dump(space.raw, sort_keys=False), encoding="utf-8")
+    base_dict = base.to_dict()
+
+    init_ray(None, log=log)
+    concurrency = max_concurrent_trials(base, ray.cluster_resources())
+    alg, alg_name = search_algorithm(base.optimization.seed)
+    max_t = base.optimization.max_steps
+    scheduler = ASHAScheduler(
+        time_attr=TIME_ATTR, max_t=max_t, grace_period=min(space.grace_period or base.eval.every_steps, max_t),
+        reduction_factor=space.reduction_factor, stop_last_trials=False,
+    )
+    pool = start_pool(base, name=f"{name}-pool")
+    trainable = tune.with_resources(
+        tune.with_parameters(tune_trial, base=base_dict, space=space, pool=pool, trials_dir=str(exp_dir / TRIALS_DIR)),
+        tune.PlacementGroupFactory([{"CPU": TRIAL_DRIVER_CPUS}]),
+    )
+    if log:
+        log(f"[tune] {exp_dir}: search {alg_name}, ASHA on {OBJECTIVE} by {TIME_ATTR} (max {max_t}), "
+            f"{concurrency} trial(s) at a time on {ray.cluster_resources().get('CPU', 0):g} CPUs")
+    try:
+        if resume:
+            tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True, resume_errored=False)
+        else:
+            tuner = tune.Tuner(
+                trainable,
+                param_space=space.to_tune(),
+                tune_config=tune.TuneConfig(
+                    metric=OBJECTIVE, mode="max", search_alg=alg, scheduler=scheduler,
+                    num_samples=samples or space.num_samples, max_concurrent_trials=concurrency,
+                    trial_dirname_creator=_trial_dirname,
+                ),
+                run_config=tune.RunConfig(
+                    name=TUNE_DIR, storage_path=str(exp_dir), callbacks=list(tune_callbacks),
+                    failure_config=tune.FailureConfig(max_failures=0),  # Ray Train retries inside a trial
+                ),
+            )
+        grid = tuner.fit()
+    finally:
+        stop_pool(pool)
+
+    rows, columns, interrupted = collect_rows(grid, space, base_dict, exp_dir)
+    results_csv = write_results_csv(rows, columns, exp_dir / RESULTS_CSV)
+    best = write_best_config(rows, space, base, name, exp_dir / BEST_CONFIG)
+    return SearchOutcome(exp_dir, rows, results_csv, best, interrupted, alg_name, columns)
+
+
+def _check_base(base: RunConfig, space: SearchSpace) -> None:
+    problems = []
+    if base.eval.num_prompts < 1:
+        problems.append(f"eval.num_prompts: {base.eval.num_prompts}: the search's objective is {OBJECTIVE}; it needs held-out prompts (>= 1)")
+    problems += space.check_against(base.to_dict())
+    if problems:
+        raise SpaceError(problems)
+
+
+# ---------------------------------------------------------------- results
+
+
+def _error_line(err: BaseException | None) -> str:
+    """The root cause of a trial's error in one line (Ray wraps it in several layers of tracebacks)."""
+    if err is None:
+        return ""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    causes = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b:?", ln)]
+    line = causes[-1] if causes else (lines[-1] if lines else type(err).__name__)
+    return line[:300]
+
+
+def collect_rows(grid, space: SearchSpace, base: dict[str, Any], exp_dir: Path) -> tuple[list[dict], list[str], bool]:
+    """One row per trial, sorted by the objective (best first), trials without a score last."""
+    keys = list(space.searched_keys)
+    if "generation.num_generations" in keys and "optimization.per_device_train_batch_size" not in keys:
+        keys.append("optimization.per_device_train_batch_size")
+    trials = getattr(getattr(grid, "_experiment_analysis", None), "trials", None)
+    rows, interrupted = [], False
+    for i, result in enumerate(grid):
+        trial = trials[i] if trials is not None else None
+        trial_id = trial.trial_id if trial is not None else Path(result.path).name
+        metrics = result.metrics or {}
+        row: dict[str, Any] = {"trial_id": trial_id, OBJECTIVE: metrics.get(OBJECTIVE), TIME_ATTR: metrics.get(TIME_ATTR)}
+        error = _error_line(result.error)
+        try:
+            cfg = space.trial_config(base, dict(result.config or {}))
+            values = cfg.to_dict()
+            max_steps = cfg.optimization.max_steps
+            for k in keys:
+                node: Any = values
+                for part in k.split("."):
+                    node = node.get(part) if isinstance(node, dict) else None
+                row[k] = node
+        except ConfigError as e:
+            max_steps, error = None, error or "; ".join(e.problems)
+        status = getattr(trial, "status", "TERMINATED" if not result.error else "ERROR")
+        if result.error or status == "ERROR":
+            row["status"] = "error"
+        elif status != "TERMINATED":
+            row["status"], interrupted = "unfinished", True
+        elif max_steps is not None and (row[TIME_ATTR] or 0) < max_steps:
+            row["status"] = f"stopped@{row[TIME_ATTR]}"  # ASHA stopped it early
+        else:
+            row["status"] = "done"
+        row["run_dir"] = str(exp_dir / TRIALS_DIR / trial_id)
+        row["error"] = error
+        rows.append(row)
+    rows.sort(key=lambda r: (r[OBJECTIVE] is None, -(r[OBJECTIVE] or 0.0)))
+    for rank, row in enumerate(rows, 1):
+        row["rank"] = rank
+    columns = ["rank", "trial_id", "status", OBJECTIVE, TIME_ATTR, *keys, "run_dir", "error"]
+    return rows, columns, interrupted
+
+
+def write_results_csv(rows: list[dict], columns: list[str], path: Path) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _short(key: str) -> str:
+    if key.startswith("rewards.weights."):
+        return "w." + key.rsplit(".", 1)[1]
+    return key.rsplit(".", 1)[-1]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    """The results as a fixed-width table (run directories omitted; errors last and shortened)."""
+    cols = [c for c in columns if c != "run_dir"]
+    head = [_short(c) if "." in c else c for c in cols]
+    body = [[_cell(r.get(c)) if c != "error" else (r.get("error") or "")[:80] for c in cols] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *(fmt(b) for b in body)])
+
+
+def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, name: str, path: Path) -> Path | None:
+    """The best scored trial as a config `synth-grpo train --config` runs unchanged, in its own run directory."""
+    best = next((r for r in rows if r[OBJECTIVE] is not None and r["status"] != "error"), None)
+    if best is None:
+        return None
+    params = yaml.safe_load((Path(best["run_dir"]) / "config.yaml").read_text(encoding="utf-8"))
+    cfg = config_from_dict(params)
+    cfg.output.root, cfg.output.run_name = base.output.root, f"{name}-best"
+    header = (f"# best trial {best['trial_id']} of search {name}: {OBJECTIVE} {best[OBJECTIVE]:.4f} at step "
+              f"{best[TIME_ATTR]} (trial run directory {best['run_dir']})\n")
+    path.write_text(header + cfg.to_yaml(), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def tune_cli(cfg: RunConfig, args) -> int:
+    from pipeline.reward_pool import RewardPoolError
+    from pipeline.train import init_ray
+
+    try:
+        space = None if args.resume else load_space(args.space)
+        if space is not None:
+            _check_base(resolve_base(cfg), space)  # before Ray starts
+    except SpaceError as e:
+        print(f"synth-grpo tune: invalid search space {args.space}", file=sys.stderr)
+        for problem in e.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    name, exp_dir = experiment_dir(cfg, getattr(args, "name", None))
+    if not args.resume and (exp_dir / TUNE_DIR).exists():
+        print(f"synth-grpo tune: a search already exists at {exp_dir}; pass --resume to continue it, or another --name",
+              file=sys.stderr)
+        return 2
+    init_ray(args.address)
+    try:
+        outcome = run_search(cfg, space, name=name, samples=args.samples, resume=args.resume)
+    except RewardPoolError as e:
+        print(f"synth-grpo tune: {e}", file=sys.stderr)
+        return 1
+    print(f"\n=== synth-grpo tune: {len(outcome.rows)} trials, sorted by {OBJECTIVE} ===")
+    print(format_table(outcome.rows, outcome.columns))
+    print(f"\nresults: {outcome.results_csv}")
+    if outcome.best_config:
+        print(f"best config: {outcome.best_config}\n  train it: synth-grpo train --config {outcome.best_config}")
+    if outcome.interrupted:
+        print(f"search interrupted; continue it with: synth-grpo tune --config ... --name {name} --resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0 if outcome.best_config else 1

@@ -1,0 +1,373 @@
+"""Ray Tune search: the space parser (fast, no Ray) and real searches on the tiny models on CPU."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, RunConfig, config_from_dict, load_config
+from pipeline.search_space import SpaceError, fit_batch_to_groups, load_space, parse_space
+from pipeline.tune import OBJECTIVE, max_concurrent_trials
+
+REPO = Path(__file__).resolve().parents[1]
+LR = "optimization.learning_rate"
+NG = "generation.num_generations"
+BATCH = "optimization.per_device_train_batch_size"
+
+
+def space(**entries) -> dict:
+    return {"num_samples": 2, "space": {k.replace("__", "."): v for k, v in entries.items()}}
+
+
+def problems_of(data) -> list[str]:
+    with pytest.raises(SpaceError) as e:
+        parse_space(data, "s.yaml")
+    return e.value.problems
+
+
+# ---------------------------------------------------------------- parser: distributions
+
+
+def test_each_distribution_parses_and_maps_to_tune():
+    s = parse_space({"num_samples": 5, "space": {
+        LR: {"loguniform": ["1e-6", 5.0e-5]},  # PyYAML reads 1e-6 (no dot) as a string
+        "optimization.warmup_ratio": {"uniform": [0.0, 0.2]},
+        NG: {"choice": [4, 8, 16]},
+        "optimization.max_steps": {"randint": [10, 20]},
+        "grpo.beta": 0.01,  # a plain value: held fixed for every trial
+    }})
+    kinds = {d.key: (d.kind, d.args) for d in s.params}
+    assert kinds == {
+        LR: ("loguniform", (1e-6, 5e-5)), "optimization.warmup_ratio": ("uniform", (0.0, 0.2)),
+        NG: ("choice", (4, 8, 16)), "optimization.max_steps": ("randint", (10, 20)), "grpo.beta": ("fixed", (0.01,)),
+    }
+    assert s.num_samples == 5
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    t = s.to_tune()
+    assert isinstance(t[LR], Float) and isinstance(t[NG], Categorical) and t[NG].categories == [4, 8, 16]
+    assert isinstance(t["optimization.max_steps"], Integer) and (t["optimization.max_steps"].lower, t["optimization.max_steps"].upper) == (10, 20)
+    assert t["grpo.beta"] == 0.01
+
+
+def test_trial_config_applies_values_and_validates():
+    s = parse_space(space(**{LR: {"loguniform": [1e-6, 1e-4]}, "generation.adaptive.start": {"randint": [16, 64]}}))
+    import numpy as np
+
+    cfg = s.trial_config(RunConfig().to_dict(), {LR: 3e-5, "generation.adaptive.start": np.int64(40)})  # Tune hands numpy ints
+    assert cfg.optimization.learning_rate == 3e-5 and cfg.generation.adaptive.start == 40
+    assert type(cfg.generation.adaptive.start) is int
+
+
+# ---------------------------------------------------------------- parser: the reward-weight simplex
+
+
+def simplex_space(**spec) -> dict:
+    return space(rewards__weights={"simplex": ["rouge_l", "length", "judge"], **spec})
+
+
+def test_simplex_draws_normalise_to_one_and_fixed_components_keep_their_weight():
+    s = parse_space(simplex_space(fixed=["eos"]))
+    base = RunConfig().to_dict()  # eos weight 1.0
+    draws = {"rewards.weights[rouge_l]": 0.9, "rewards.weights[length]": 0.05, "rewards.weights[judge]": 0.4}
+    w = s.trial_config(base, draws).rewards.weights
+    assert math.isclose(w["rouge_l"] + w["length"] + w["judge"], 1.0)
+    assert w["eos"] == 1.0
+    # -log(u): a small draw is a large weight (a flat Dirichlet from uniforms)
+    assert w["length"] > w["judge"] > w["rouge_l"] > 0
+    even = s.trial_config(base, {k: 0.3 for k in draws}).rewards.weights
+    assert all(math.isclose(even[c], 1 / 3) for c in ("rouge_l", "length", "judge"))
+    assert set(s.searched_keys) == {f"rewards.weights.{c}" for c in ("rouge_l", "length", "judge", "eos")}
+
+
+def test_simplex_fixed_values_and_total():
+    s = parse_space(simplex_space(fixed={"eos": 0.5}, total=2.0))
+    draws = {"rewards.weights[rouge_l]": 0.5, "rewards.weights[length]": 0.5, "rewards.weights[judge]": 0.5}
+    w = s.trial_config(RunConfig().to_dict(), draws).rewards.weights
+    assert w["eos"] == 0.5 and math.isclose(w["rouge_l"] + w["length"] + w["judge"], 2.0)
+    assert set(s.to_tune()) == set(draws)
+
+
+def test_simplex_draws_cover_the_simplex():
+    """Uniform draws through -log give a flat Dirichlet: each weight's mean is 1/3."""
+    import random
+
+    s = parse_space(simplex_space())
+    rng = random.Random(0)
+    means = {"rouge_l": 0.0, "length": 0.0, "judge": 0.0}
+    n = 3000
+    for _ in range(n):
+        w = s.simplexes[0].weights({s.simplexes[0].param(c): rng.random() for c in means}, {})
+        for c in means:
+            means[c] += w[c] / n
+    assert all(abs(m - 1 / 3) < 0.02 for m in means.values()), means
+
+
+# ---------------------------------------------------------------- batch size fitted to the group
+
+
+@pytest.mark.parametrize("batch, workers, spg, groups, expected", [
+    (8, 1, 1, 16, 16),   # a group bigger than the batch: the batch grows to one whole group
+    (8, 1, 1, 4, None),  # already divisible: unchanged
+    (6, 1, 1, 4, 8),     # next multiple of the group
+    (4, 2, 1, 16, 8),    # 8 x 2 workers = 16
+    (3, 1, 2, 8, 4),     # 4 x 2 steps per generation = 8
+])
+def test_batch_size_is_raised_to_what_trl_accepts(batch, workers, spg, groups, expected):
+    data = {"optimization": {"per_device_train_batch_size": batch}, "distributed": {"num_workers": workers},
+            "generation": {"num_generations": groups, "steps_per_generation": spg}}
+    assert fit_batch_to_groups(data) == expected
+    final = data["optimization"]["per_device_train_batch_size"]
+    assert (final * workers * spg) % groups == 0 and final >= batch
+
+
+def test_every_group_size_of_the_default_space_gives_a_valid_trial():
+    s = load_space(REPO / "tune_spaces" / "default.yaml")
+    base = load_config(None).to_dict()
+    assert s.check_against(base) == []
+    for g in (4, 8, 16):
+        cfg = s.trial_config(base, {LR: 1e-5, NG: g, **{f"rewards.weights[{c}]": 0.5 for c in ("rouge_l", "length", "judge")}})
+        assert cfg.generation.num_generations == g and cfg.generation_batch_size % g == 0
+
+
+def test_default_space_fits_the_real_config():
+    s = load_space(REPO / "tune_spaces" / "default.yaml")
+    assert s.check_against(load_config(REPO / "configs" / "sauerkraut-8b.yaml").to_dict()) == []
+
+
+# ---------------------------------------------------------------- bad spaces name the key and what was expected
+
+
+@pytest.mark.parametrize("data, expected", [
+    (space(optimization__learning_rat={"uniform": [0, 1]}),
+     "optimization.learning_rat: unknown config field (did you mean 'optimization.learning_rate'?)"),
+    (space(**{LR: {"logunifrom": [1e-6, 1e-5]}}),
+     "optimization.learning_rate: unknown distribution 'logunifrom' (did you mean 'loguniform'?)"),
+    (space(**{LR: {"uniform": [1e-4, 1e-5]}}), "optimization.learning_rate: uniform low 0.0001 >= high 1e-05"),
+    (space(**{LR: {"loguniform": [0, 1e-5]}}), "optimization.learning_rate: loguniform low 0 must be > 0"),
+    (space(**{LR: {"loguniform": [1e-6]}}), "optimization.learning_rate: loguniform expects [low, high]"),
+    (space(**{LR: {"uniform": ["a", 1]}}), "uniform bounds must be numbers"),
+    (space(**{NG: {"choice": []}}), "generation.num_generations: choice expects a non-empty list"),
+    (space(**{NG: {"choice": [[4, 8]]}}), "choice options must be single values"),
+    (space(**{NG: {"randint": [8, 8]}}), "generation.num_generations: randint low 8 >= high 8 (high is exclusive"),
+    (space(**{NG: {"randint": [2.5, 8]}}), "randint bounds must be integers"),
+    (space(**{NG: {"uniform": [2, 16]}}), "uniform draws floats but the field takes integers; use randint or choice"),
+    (space(**{LR: {"uniform": [0, 1], "choice": [1]}}), "expected one distribution"),
+    (space(eval__num_prompts={"choice": [4, 8]}), "eval.num_prompts: eval.* cannot be searched"),
+    (space(rewards__weights={"uniform": [0, 1]}), "rewards.weights: a weights mapping is searched with 'simplex"),
+    (space(rewards__weights={"simplex": ["rouge_l", "judg"]}), "simplex component 'judg' is not a reward component (did you mean 'judge'?)"),
+    (space(rewards__weights={"simplex": ["rouge_l"]}), "simplex expects a list of at least 2"),
+    (space(rewards__weights={"simplex": ["rouge_l", "judge"], "fixed": {"judge": 0.2}}), "'judge' is both drawn and fixed"),
+    (space(rewards__weights={"simplex": ["rouge_l", "judge"], "fixed": {"eos": -1}}), "fixed weight for 'eos' must be a number >= 0"),
+    (space(rewards__weights={"simplex": ["rouge_l", "judge"], "total": 0}), "total must be a number > 0"),
+    (space(rewards__weights={"simplex": ["rouge_l", "judge"], "fixd": ["eos"]}), "unknown simplex key 'fixd' (did you mean 'fixed'?)"),
+    (space(eval__score_weights={"simplex": ["rouge_l", "judge"]}), "eval.score_weights: eval.* cannot be searched"),
+    (space(rewards__weights={"simplex": ["rouge_l", "judge"]}, rewards__weights__judge={"uniform": [0, 1]}),
+     "rewards.weights.judge: also set by the simplex on rewards.weights"),
+    ({"num_samples": 0, "space": {LR: 1e-5}}, "num_samples: 0 must be an integer >= 1"),
+    ({"samples": 3, "space": {LR: 1e-5}}, "unknown top-level key 'samples' (did you mean 'num_samples'?)"),
+    ({"space": {}}, "space: expected a non-empty mapping"),
+    ({"asha": {"grace_perid": 2}, "space": {LR: 1e-5}}, "asha.grace_perid: unknown key (did you mean 'grace_period'?)"),
+    ([1, 2], "expected a mapping with 'space:' at top level"),
+])
+def test_bad_space_names_the_key_and_what_was_expected(data, expected):
+    found = problems_of(data)
+    assert any(expected in p for p in found), found
+
+
+def test_every_problem_is_reported_at_once():
+    found = problems_of(space(**{LR: {"loguniform": [0, 1]}, NG: {"choice": []}, "grpo.betta": 0.1}))
+    assert len(found) == 3
+
+
+def test_corner_values_are_checked_with_the_config_validation():
+    s = parse_space(space(**{NG: {"choice": [1, 4]}, "grpo.epsilon_high": {"uniform": [0.1, 0.3]}}))
+    found = s.check_against(RunConfig().to_dict())
+    assert any("generation.num_generations=1" in p and "must be >= 2" in p for p in found), found
+    assert any("grpo.epsilon_high=0.1" in p and "must be >= epsilon" in p for p in found), found
+    with pytest.raises(ConfigError, match="num_generations"):
+        s.trial_config(RunConfig().to_dict(), {NG: 1, "grpo.epsilon_high": 0.3})
+
+
+def test_cli_bad_space_exits_2_naming_the_key(tmp_path, capsys):
+    from pipeline.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("space:\n  optimization.learning_rate: {loguniform: [0, 1.0e-5]}\n  generation.num_generation: {choice: [4]}\n")
+    assert main(["tune", "--space", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "loguniform low 0 must be > 0" in err
+    assert "generation.num_generation: unknown config field (did you mean 'generation.num_generations'?)" in err
+    assert main(["tune", "--space", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_needs_eval_prompts_for_the_objective(capsys):
+    from pipeline.cli import main
+
+    args = ["tune", "--space", str(REPO / "tune_spaces" / "default.yaml"), "--set", "eval.num_prompts=0"]
+    assert main(args) == 2
+    assert "eval.num_prompts: 0: the search's objective is eval/score" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- concurrency from the cluster's resources
+
+
+def test_concurrency_follows_resources():
+    cfg = config_from_dict({"judge": {"cpus_per_actor": 0.5}, "distributed": {"cpus_per_worker": 1}})
+    assert max_concurrent_trials(cfg, {"CPU": 2}) == 1  # 0.5 pool + (0.1 driver + 1 worker)
+    cfg.distributed.cpus_per_worker = 0.5
+    assert max_concurrent_trials(cfg, {"CPU": 2}) == 2
+    assert max_concurrent_trials(cfg, {"CPU": 16}) == 25
+    gpu = config_from_dict({"judge": {"gpus_per_actor": 1}, "distributed": {"use_gpu": True, "num_workers": 2}})
+    assert max_concurrent_trials(gpu, {"CPU": 64, "GPU": 8}) == 3  # (8 - 1 judge GPU) // 2 GPUs per trial
+    assert max_concurrent_trials(gpu, {"CPU": 1, "GPU": 0}) == 1  # never below one
+
+
+# ---------------------------------------------------------------- real searches (tiny models, CPU)
+
+
+def small_tune(tmp_path: Path, **sections) -> dict:
+    """Trials of seconds: 4 steps, eval of 4 prompts every 2 steps, two trials at a time on 2 CPUs."""
+    from tests.test_train_ray import small
+
+    return small(tmp_path, generation={"num_generations": 4}, optimization={"per_device_train_batch_size": 4},
+                 distributed={"cpus_per_worker": 0.5}, judge={"cpus_per_actor": 0.25}, **sections)
+
+
+def tiny_space(extra: dict | None = None) -> dict:
+    return {"num_samples": 3, "space": {
+        LR: {"loguniform": [1.0e-3, 3.0e-2]},  # large enough that 4 steps move eval/score apart
+        NG: {"choice": [2, 4]},
+        "rewards.weights": {"simplex": ["rouge_l", "length", "judge"], "fixed": ["eos"]},
+        **(extra or {}),
+    }}
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_three_trial_search_results_best_config_and_training_from_it(ray_local, tmp_path, capsys):
+    from pipeline.train import RAY_TRAIN_DIR, run_training
+    from pipeline.tune import format_table, run_search
+
+    cfg = config_from_dict(small_tune(tmp_path))
+    cfg.output.run_name = "tiny"
+    missing = str(tmp_path / "no-such-model")
+    # One model path fails to load: that trial errors, the others go on (Optuna's seeded draws pick both).
+    s = parse_space(tiny_space({"model.name_or_path": {"choice": ["tiny", missing]}}), "tiny-space")
+    t0 = time.time()
+    out = run_search(cfg, s, log=print)
+    print(f"search took {time.time() - t0:.0f}s ({out.search_alg})")
+    print(format_table(out.rows, out.columns))
+    assert out.search_alg == "optuna" and not out.interrupted
+    assert out.exp_dir == (tmp_path / "tiny-tune").resolve()
+
+    rows = read_csv(out.results_csv)
+    assert len(rows) == 3 and [r["rank"] for r in rows] == ["1", "2", "3"]
+    failed = [r for r in rows if r["model.name_or_path"] == missing]
+    ok = [r for r in rows if r["model.name_or_path"] == "tiny"]
+    assert failed and ok, "the seeded draws should pick both models; choose another optimization.seed"
+    assert all(r["status"] == "error" and "no-such-model" in r["error"] and r[OBJECTIVE] == "" for r in failed)
+    scores = [float(r[OBJECTIVE]) for r in rows if r[OBJECTIVE]]
+    assert len(scores) == len(ok) and scores == sorted(scores, reverse=True)
+    assert rows[-1]["status"] == "error"  # trials without a score sort last
+    for r in ok:
+        assert r["status"] == "done" or r["status"].startswith("stopped@")
+        w = [float(r[f"rewards.weights.{c}"]) for c in ("rouge_l", "length", "judge")]
+        assert math.isclose(sum(w), 1.0, rel_tol=1e-6) and float(r["rewards.weights.eos"]) == 1.0
+        assert int(r[BATCH]) % int(r[NG]) == 0
+        run_dir = Path(r["run_dir"])
+        assert run_dir.parent == out.exp_dir / "trials"
+        trial_cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert math.isclose(trial_cfg["optimization"]["learning_rate"], float(r[LR]))
+        assert (run_dir / "metrics.jsonl").exists() and (run_dir / "samples.jsonl").exists()
+        assert list((run_dir / RAY_TRAIN_DIR).glob("checkpoint-*"))
+        if r["status"] == "done":
+            assert (run_dir / "adapter" / "adapter_config.json").exists()
+
+    # The best trial as a ready-to-run config, in its own run directory.
+    best = rows[0]
+    assert out.best_config == out.exp_dir / "best.yaml"
+    best_cfg = load_config(out.best_config)
+    assert best_cfg.output.run_name == "tiny-tune-best" and best_cfg.output.root == str(tmp_path.resolve())
+    assert math.isclose(best_cfg.optimization.learning_rate, float(best[LR]))
+    assert best_cfg.generation.num_generations == int(best[NG])
+    assert math.isclose(best_cfg.rewards.weights["judge"], float(best["rewards.weights.judge"]))
+    assert best_cfg.eval.score_weights == cfg.eval.score_weights
+
+    trained = load_config(out.best_config, ["optimization.max_steps=2", "eval.num_prompts=2"])
+    run_dir = tmp_path / trained.output.run_name
+    outcome = run_training(trained, run_dir, log=None)
+    assert (run_dir / "adapter" / "adapter_config.json").exists() and "steps: 2" in outcome.summary
+
+
+def trial_states(exp_dir: Path) -> dict[str, str]:
+    """Trial id -> status from Tune's latest saved experiment state."""
+    files = sorted(glob.glob(str(exp_dir / "tune" / "experiment_state-*.json")))
+    try:
+        data = json.loads(Path(files[-1]).read_text())
+    except (IndexError, OSError, ValueError):
+        return {}
+    states = {}
+    for trial_json, _ in data["trial_data"]:
+        t = json.loads(trial_json)
+        states[t["trial_id"]] = t["status"]
+    return states
+
+
+def fingerprint(run_dir: Path) -> dict[str, float]:
+    return {str(p.relative_to(run_dir)): p.stat().st_mtime for p in run_dir.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_crashed_search_resumes_keeping_finished_trials(tmp_path):
+    """The CLI killed (with its whole local Ray) once a trial has finished; --resume completes the rest."""
+    cfg_path, space_path = tmp_path / "tiny.yaml", tmp_path / "space.yaml"
+    cfg_path.write_text(yaml.safe_dump(small_tune(tmp_path)))
+    space_path.write_text(yaml.safe_dump(tiny_space()))
+    exp_dir = tmp_path / "crash"
+    cmd = [sys.executable, "-m", "pipeline", "tune", "--config", str(cfg_path), "--space", str(space_path),
+           "--address", "local", "--name", "crash"]
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and "TERMINATED" not in trial_states(exp_dir).values():
+        if first.poll() is not None:
+            break
+        time.sleep(0.2)
+    finished = {t for t, s in trial_states(exp_dir).items() if s == "TERMINATED"}
+    kept = {t: fingerprint(exp_dir / "trials" / t) for t in finished}
+    os.killpg(first.pid, signal.SIGKILL)  # the whole local Ray with it, as a crash would
+    log = first.communicate(timeout=60)[0]
+    assert finished and len(finished) < 3, log[-3000:]
+
+    again = subprocess.run([*cmd[:-2], "--name", "crash", "--resume"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=900)
+    print(again.stdout[-4000:])
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming" in again.stdout and "sorted by eval/score" in again.stdout
+    rows = read_csv(exp_dir / "results.csv")
+    assert len(rows) == 3 and all(r["status"] == "done" or r["status"].startswith("stopped@") for r in rows)
+    assert {r["trial_id"] for r in rows} >= finished
+    for t, before in kept.items():  # finished trials were not run again
+        assert fingerprint(exp_dir / "trials" / t) == before
+    for r in rows:
+        steps = [m["step"] for m in map(json.loads, Path(r["run_dir"], "metrics.jsonl").read_text().splitlines()) if "reward" in m]
+        assert steps == list(range(1, len(steps) + 1)) and steps  # resumed trials log no step twice
+    assert (exp_dir / "best.yaml").exists()
