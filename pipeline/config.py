@@ -70,6 +70,9 @@ class DataSection:
     )
     max_prompt_length: int = 512
     max_context_chars: int = 2000  # squad: context characters kept in the prompt
+    # Keep only rows whose reference has at least this many words (0 = all). SYNTH's answers are
+    # long; the benchmark uses this to give the bundled data SYNTH's length profile.
+    min_reference_words: int = 0
 
 
 @dataclass
@@ -506,6 +509,8 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
             resolved = resolve_path(dd.path, base_dir)
             if not resolved.exists():
                 p.append(f"data.path: {dd.path!r} does not exist")
+    if dd.min_reference_words < 0:
+        p.append(f"data.min_reference_words: {dd.min_reference_words} must be >= 0")
     if not 0 < dd.eval_fraction < 1:
         p.append(f"data.eval_fraction: {dd.eval_fraction} must be in (0, 1)")
 

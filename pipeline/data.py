@@ -167,6 +167,9 @@ def load_records(cfg: DataSection, log=print) -> tuple[list[dict], list[dict], S
     held: list[dict] = []
     seen: set[str] = set()
     for rec in iter_records(cfg, report):
+        if cfg.min_reference_words and len(rec["reference"].split()) < cfg.min_reference_words:
+            report.skipped["short_reference"] += 1
+            continue
         if rec["id"] in seen:
             report.skipped["duplicate_id"] += 1
             continue

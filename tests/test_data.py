@@ -117,3 +117,9 @@ def test_squad_skips_questions_without_answers(tmp_path):
     train, held, rep = load_records(DataSection(source="squad", path=str(path), eval_fraction=0.01), log=None)
     assert [r["id"] for r in train + held] == ["q1"]
     assert rep.skipped == {"missing_answer": 1, "missing_question": 1}
+
+
+def test_min_reference_words_keeps_long_answers_and_counts_the_rest():
+    train, held, rep = load_records(DataSection(min_reference_words=10), log=None)
+    assert all(len(r["reference"].split()) >= 10 for r in train + held)
+    assert rep.skipped["short_reference"] > 0 and rep.used == len(train) + len(held)
