@@ -67,8 +67,10 @@ class HealthCallback(TrainerCallback):
             if self._counter is None:
                 from ray.util.metrics import Counter
 
-                self._counter = Counter(COUNTER_NAME, description="training-health findings, by rule", tag_keys=("rule",))
-            self._counter.inc(1, tags={"rule": rule})
+                self._counter = Counter(COUNTER_NAME, description="training-health findings, by rule and run",
+                                        tag_keys=("rule", "run"))
+            run = str(((self.config or {}).get("output") or {}).get("run_name") or "")
+            self._counter.inc(1, tags={"rule": rule, "run": run})
         except Exception as e:  # a metrics hiccup must never stop training
             self.export_ray_metrics = False
             self.print_fn(f"synth-grpo health: Ray metric export disabled ({type(e).__name__}: {e})")

@@ -144,6 +144,11 @@ def train_cli(cfg: RunConfig, args) -> int:
     from pipeline.reward_pool import RewardPoolError
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+    if not run_dir.is_absolute() and os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        print(f"[run] WARNING: output.root {cfg.output.root!r} is relative inside a Ray job: the run directory "
+              "would be in Ray's temporary copy of the working dir; use --set output.root=/absolute/path",
+              file=sys.stderr)
+    run_dir = run_dir.resolve()
     if cfg.distributed.use_gpu:
         try:
             from pipeline.memory import warn_if_not_fits

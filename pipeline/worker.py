@@ -247,6 +247,7 @@ def train_loop_per_worker(config: dict) -> None:
     trainer.save_model(str(run_dir / "adapter"))
     if is_rank0:
         tokenizer.save_pretrained(str(run_dir / "adapter"))
+        (run_dir / "adapter" / "training_args.bin").unlink(missing_ok=True)  # a pickle nothing needs to load
         (run_dir / "length_changes.json").write_text(json.dumps(length_ctl.changes))
         health.write(run_dir / "health.json")
     final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}
