@@ -101,7 +101,7 @@ def _fmt(v) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", default=None, help="keep the run directories here (default: a temporary folder)")
