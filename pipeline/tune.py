@@ -14,6 +14,7 @@ resumes with), ``results.csv`` and ``best.yaml``.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 import sys
@@ -48,22 +49,20 @@ class SearchOutcome:
 # ---------------------------------------------------------------- inside a trial
 
 
-def _report_callback(max_steps: int):
+def _report_callback():
     """Ray Train callback (runs in the Train controller): forward eval reports to the Tune trial.
 
     Checkpoint-only reports carry no ``eval/score`` (Tune's strict metric check would fail the
-    trial). The eval at the last step is skipped because the final report repeats it after the
-    adapter is saved: a trial ASHA stops at its last rung then still has its adapter.
+    trial), so only eval reports and the final one go on.
     """
     from ray.tune.integration.ray_train import TuneReportCallback
 
     class EvalReportCallback(TuneReportCallback):
         def after_report(self, run_context, metrics, checkpoint):
             row = dict(metrics[0]) if metrics else {}
-            final = bool(row.pop("done", 0))  # Tune reads "done" as "stop this trial now"
-            if OBJECTIVE not in row or (not final and row.get(TIME_ATTR, 0) >= max_steps):
-                return
-            super().after_report(run_context, [row], None)
+            row.pop("done", None)  # Tune reads "done" as "stop this trial now", before the function returns
+            if OBJECTIVE in row:
+                super().after_report(run_context, [row], None)
 
     return EvalReportCallback()
 
@@ -79,8 +78,46 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
     cfg.output.root, cfg.output.run_name = trials_dir, trial_id
     run_dir = Path(trials_dir) / trial_id  # stable across --resume: Ray Train resumes from its checkpoints
     prepare_run_dir(cfg, run_dir, log=None)
-    callback = _report_callback(cfg.optimization.max_steps)
-    build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[callback]).fit()
+    if trained(run_dir):  # finished before a crash Tune's saved state had not caught up with
+        last = last_eval(run_dir)
+        if last:
+            tune.report(last)
+        return
+    if not registered_checkpoints(run_dir):
+        clear_attempt_logs(run_dir)
+    build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[_report_callback()]).fit()
+
+
+def trained(run_dir: Path) -> bool:
+    """The worker saves the adapter only after the last step."""
+    return (run_dir / "adapter" / "adapter_config.json").exists()
+
+
+def last_eval(run_dir: Path) -> dict[str, Any]:
+    from pipeline.run_callbacks import read_metrics
+
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if OBJECTIVE in r]
+    return {k: v for k, v in rows[-1].items() if isinstance(v, (int, float))} if rows else {}
+
+
+def registered_checkpoints(run_dir: Path) -> list[str]:
+    """Checkpoints Ray Train's controller registered for this run (what a rerun resumes from)."""
+    from pipeline.train import RAY_TRAIN_DIR
+
+    try:
+        snap = json.loads((run_dir / RAY_TRAIN_DIR / "checkpoint_manager_snapshot.json").read_text(encoding="utf-8"))
+        return [c["checkpoint_dir_name"] for c in snap["checkpoint_results"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def clear_attempt_logs(run_dir: Path) -> None:
+    """A trial interrupted before its first checkpoint restarts at step 0: drop that attempt's rows.
+
+    (With a checkpoint the worker truncates them to the checkpoint's step itself.)
+    """
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        (run_dir / name).unlink(missing_ok=True)
 
 
 def _trial_dirname(trial) -> str:
@@ -167,7 +204,8 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     init_ray(None, log=log)
     concurrency = max_concurrent_trials(base, ray.cluster_resources())
     alg, alg_name = search_algorithm(base.optimization.seed)
-    max_t = base.optimization.max_steps
+    # Rungs strictly before the last step: a trial that ran every step saves its adapter, never cut off there.
+    max_t = max(1, base.optimization.max_steps - 1)
     scheduler = ASHAScheduler(
         time_attr=TIME_ATTR, max_t=max_t, grace_period=min(space.grace_period or base.eval.every_steps, max_t),
         reduction_factor=space.reduction_factor, stop_last_trials=False,
@@ -178,7 +216,7 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
         tune.PlacementGroupFactory([{"CPU": TRIAL_DRIVER_CPUS}]),
     )
     if log:
-        log(f"[tune] {exp_dir}: search {alg_name}, ASHA on {OBJECTIVE} by {TIME_ATTR} (max {max_t}), "
+        log(f"[tune] {exp_dir}: search {alg_name}, ASHA on {OBJECTIVE} by {TIME_ATTR} (rungs below step {max_t + 1}), "
             f"{concurrency} trial(s) at a time on {ray.cluster_resources().get('CPU', 0):g} CPUs")
     try:
         if resume:
@@ -245,23 +283,22 @@ def collect_rows(grid, space: SearchSpace, base: dict[str, Any], exp_dir: Path) 
         try:
             cfg = space.trial_config(base, dict(result.config or {}))
             values = cfg.to_dict()
-            max_steps = cfg.optimization.max_steps
             for k in keys:
                 node: Any = values
                 for part in k.split("."):
                     node = node.get(part) if isinstance(node, dict) else None
                 row[k] = node
         except ConfigError as e:
-            max_steps, error = None, error or "; ".join(e.problems)
+            error = error or "; ".join(e.problems)
         status = getattr(trial, "status", "TERMINATED" if not result.error else "ERROR")
         if result.error or status == "ERROR":
             row["status"] = "error"
         elif status != "TERMINATED":
             row["status"], interrupted = "unfinished", True
-        elif max_steps is not None and (row[TIME_ATTR] or 0) < max_steps:
-            row["status"] = f"stopped@{row[TIME_ATTR]}"  # ASHA stopped it early
-        else:
+        elif trained(exp_dir / TRIALS_DIR / trial_id):
             row["status"] = "done"
+        else:
+            row["status"] = f"stopped@{row[TIME_ATTR]}"  # ASHA stopped it early
         row["run_dir"] = str(exp_dir / TRIALS_DIR / trial_id)
         row["error"] = error
         rows.append(row)

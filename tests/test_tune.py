@@ -18,7 +18,7 @@ import yaml
 
 from pipeline.config import ConfigError, RunConfig, config_from_dict, load_config
 from pipeline.search_space import SpaceError, fit_batch_to_groups, load_space, parse_space
-from pipeline.tune import OBJECTIVE, max_concurrent_trials
+from pipeline.tune import OBJECTIVE, max_concurrent_trials, registered_checkpoints, trained
 
 REPO = Path(__file__).resolve().parents[1]
 LR = "optimization.learning_rate"
@@ -290,11 +290,12 @@ def test_three_trial_search_results_best_config_and_training_from_it(ray_local, 
         assert r["status"] == "done" or r["status"].startswith("stopped@")
         w = [float(r[f"rewards.weights.{c}"]) for c in ("rouge_l", "length", "judge")]
         assert math.isclose(sum(w), 1.0, rel_tol=1e-6) and float(r["rewards.weights.eos"]) == 1.0
-        assert int(r[BATCH]) % int(r[NG]) == 0
         run_dir = Path(r["run_dir"])
         assert run_dir.parent == out.exp_dir / "trials"
-        trial_cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-        assert math.isclose(trial_cfg["optimization"]["learning_rate"], float(r[LR]))
+        trial_cfg = load_config(run_dir / "config.yaml")
+        assert math.isclose(trial_cfg.optimization.learning_rate, float(r[LR]))
+        assert trial_cfg.optimization.per_device_train_batch_size == int(r[BATCH])
+        assert trial_cfg.generation_batch_size % int(r[NG]) == 0
         assert (run_dir / "metrics.jsonl").exists() and (run_dir / "samples.jsonl").exists()
         assert list((run_dir / RAY_TRAIN_DIR).glob("checkpoint-*"))
         if r["status"] == "done":
@@ -310,10 +311,11 @@ def test_three_trial_search_results_best_config_and_training_from_it(ray_local, 
     assert math.isclose(best_cfg.rewards.weights["judge"], float(best["rewards.weights.judge"]))
     assert best_cfg.eval.score_weights == cfg.eval.score_weights
 
-    trained = load_config(out.best_config, ["optimization.max_steps=2", "eval.num_prompts=2"])
-    run_dir = tmp_path / trained.output.run_name
-    outcome = run_training(trained, run_dir, log=None)
-    assert (run_dir / "adapter" / "adapter_config.json").exists() and "steps: 2" in outcome.summary
+    trained_cfg = load_config(out.best_config, ["optimization.max_steps=2", "eval.num_prompts=2"])
+    run_dir = tmp_path / trained_cfg.output.run_name
+    run_training(trained_cfg, run_dir, log=None)
+    assert (run_dir / "adapter" / "adapter_config.json").exists()
+    assert [m["step"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in m] == [1, 2]
 
 
 def trial_states(exp_dir: Path) -> dict[str, str]:
@@ -330,6 +332,24 @@ def trial_states(exp_dir: Path) -> dict[str, str]:
     return states
 
 
+def resume_events(run_dir: Path) -> list[int]:
+    path = run_dir / "events.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [e["step"] for e in rows if e.get("event") == "resume"]
+
+
+def signal_session(sid: int, sig: int) -> None:
+    """Signal every process of a session (the CLI started with start_new_session=True)."""
+    import psutil
+
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == sid:
+                os.kill(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
 def fingerprint(run_dir: Path) -> dict[str, float]:
     return {str(p.relative_to(run_dir)): p.stat().st_mtime for p in run_dir.rglob("*") if p.is_file()}
 
@@ -339,23 +359,37 @@ def test_crashed_search_resumes_keeping_finished_trials(tmp_path):
     """The CLI killed (with its whole local Ray) once a trial has finished; --resume completes the rest."""
     cfg_path, space_path = tmp_path / "tiny.yaml", tmp_path / "space.yaml"
     cfg_path.write_text(yaml.safe_dump(small_tune(tmp_path)))
-    space_path.write_text(yaml.safe_dump(tiny_space()))
+    space_path.write_text(yaml.safe_dump({**tiny_space(), "asha": {"grace_period": 4}}))  # no early stops here
     exp_dir = tmp_path / "crash"
     cmd = [sys.executable, "-m", "pipeline", "tune", "--config", str(cfg_path), "--space", str(space_path),
            "--address", "local", "--name", "crash"]
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    env = {**os.environ, "RAY_ADDRESS": "", "TUNE_GLOBAL_CHECKPOINT_S": "1"}  # Tune's saved state: at most 1 s old
+    out = (tmp_path / "first.log").open("w")  # a file, not a pipe: Ray's logs would fill a pipe no one reads
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
-    deadline = time.time() + 600
-    while time.time() < deadline and "TERMINATED" not in trial_states(exp_dir).values():
-        if first.poll() is not None:
+
+    def mid_run() -> set[str]:  # unfinished trials with a checkpoint to resume from, their last step still ahead
+        states, trials = trial_states(exp_dir), exp_dir / "trials"
+        return {t for t, s in states.items()
+                if s != "TERMINATED" and registered_checkpoints(trials / t) and not trained(trials / t)}
+
+    # Wait for one finished trial and one between checkpoints, then crash the whole session at once:
+    # driver, local Ray and every worker (Ray's workers run in their own process groups).
+    deadline, caught, states = time.time() + 600, set(), {}
+    while time.time() < deadline and first.poll() is None:
+        states, caught = trial_states(exp_dir), mid_run()
+        if caught and "TERMINATED" in states.values():
+            signal_session(first.pid, signal.SIGKILL)
             break
-        time.sleep(0.2)
-    finished = {t for t, s in trial_states(exp_dir).items() if s == "TERMINATED"}
+        time.sleep(0.1)
+    finished = {t for t, s in states.items() if s == "TERMINATED"}
     kept = {t: fingerprint(exp_dir / "trials" / t) for t in finished}
-    os.killpg(first.pid, signal.SIGKILL)  # the whole local Ray with it, as a crash would
-    log = first.communicate(timeout=60)[0]
+    caught_at = {t: int(registered_checkpoints(exp_dir / "trials" / t)[-1].rsplit("-", 1)[1]) for t in caught}
+    first.wait(timeout=60)
+    log = (tmp_path / "first.log").read_text()
     assert finished and len(finished) < 3, log[-3000:]
+    print(f"at the crash: states {states}, caught between checkpoints {caught_at}")
+    assert caught, "no trial was caught between checkpoints; the resume-from-checkpoint path went untested"
 
     again = subprocess.run([*cmd[:-2], "--name", "crash", "--resume"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=900)
@@ -363,11 +397,14 @@ def test_crashed_search_resumes_keeping_finished_trials(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resuming" in again.stdout and "sorted by eval/score" in again.stdout
     rows = read_csv(exp_dir / "results.csv")
-    assert len(rows) == 3 and all(r["status"] == "done" or r["status"].startswith("stopped@") for r in rows)
+    assert len(rows) == 3
     assert {r["trial_id"] for r in rows} >= finished
     for t, before in kept.items():  # finished trials were not run again
         assert fingerprint(exp_dir / "trials" / t) == before
+    for t, ckpt in caught_at.items():  # trials caught mid-run went on from their checkpoint, not from step 0
+        assert resume_events(exp_dir / "trials" / t)[:1] == [ckpt], t
     for r in rows:
-        steps = [m["step"] for m in map(json.loads, Path(r["run_dir"], "metrics.jsonl").read_text().splitlines()) if "reward" in m]
-        assert steps == list(range(1, len(steps) + 1)) and steps  # resumed trials log no step twice
+        steps = [m["step"] for m in map(json.loads, Path(r["run_dir"], "metrics.jsonl").read_text().splitlines()) if "loss" in m]
+        assert steps == [1, 2, 3, 4], (r["trial_id"], steps)  # resumed trials log no step twice, none past max_steps
+        assert r["status"] == "done" and float(r["step"]) == 4
     assert (exp_dir / "best.yaml").exists()
