@@ -490,6 +490,9 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
         p.append(f"distributed.num_workers: {d.num_workers} must be >= 1")
     if d.offload_params and d.zero_stage != 3:
         p.append("distributed.offload_params: parameter offload needs zero_stage 3")
+    if j.backend == "self" and d.zero_stage == 3:
+        p.append("judge.backend: 'self' scores with the live policy in each worker, which ZeRO-3 shards; "
+                 "use zero_stage 0-2 or a frozen judge (llm, embedding)")
     if (d.offload_optimizer) and d.zero_stage == 0:
         p.append("distributed.offload_optimizer: optimizer offload needs zero_stage 1-3")
 

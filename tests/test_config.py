@@ -65,7 +65,13 @@ INVALID = [
     ("judge.backend=gpt", "judge.backend: 'gpt' is not one of llm, embedding, self"),
     ("distributed.zero_stage=4", "distributed.zero_stage: 4"),
     ("optimization.learning_rate=fast", "optimization.learning_rate: expected float"),
+    ("generation.max_completion_length=-5", "generation.max_completion_length: -5 must be > 0"),
 ]
+
+
+def test_self_judge_with_zero3_is_refused():
+    with pytest.raises(ConfigError, match="judge.backend: 'self'"):
+        load_config(REPO / "configs" / "seed-baseline.yaml", ["distributed.zero_stage=3"])
 
 
 @pytest.mark.parametrize("override,needle", INVALID)
