@@ -273,6 +273,7 @@ def collect_rows(grid, space: SearchSpace, base: dict[str, Any], exp_dir: Path) 
     if "generation.num_generations" in keys and "optimization.per_device_train_batch_size" not in keys:
         keys.append("optimization.per_device_train_batch_size")
     trials = getattr(getattr(grid, "_experiment_analysis", None), "trials", None)
+    saved = saved_statuses(exp_dir / TUNE_DIR)
     rows, interrupted = [], False
     for i, result in enumerate(grid):
         trial = trials[i] if trials is not None else None
@@ -290,7 +291,8 @@ def collect_rows(grid, space: SearchSpace, base: dict[str, Any], exp_dir: Path) 
                 row[k] = node
         except ConfigError as e:
             error = error or "; ".join(e.problems)
-        status = getattr(trial, "status", "TERMINATED" if not result.error else "ERROR")
+        # What --resume will see; in memory, Tune marks the trials it stopped on Ctrl-C TERMINATED.
+        status = saved.get(trial_id) or getattr(trial, "status", "ERROR" if result.error else "TERMINATED")
         if result.error or status == "ERROR":
             row["status"] = "error"
         elif status != "TERMINATED":
@@ -307,6 +309,16 @@ def collect_rows(grid, space: SearchSpace, base: dict[str, Any], exp_dir: Path) 
         row["rank"] = rank
     columns = ["rank", "trial_id", "status", OBJECTIVE, TIME_ATTR, *keys, "run_dir", "error"]
     return rows, columns, interrupted
+
+
+def saved_statuses(tune_dir: Path) -> dict[str, str]:
+    """Trial id -> status in Tune's latest saved experiment state (the file Tuner.restore reads)."""
+    files = sorted(tune_dir.glob("experiment_state-*.json"))  # named by session start time; Tune rewrites old ones too
+    try:
+        state = json.loads(files[-1].read_text(encoding="utf-8"))
+        return {t["trial_id"]: t["status"] for t in (json.loads(js) for js, _ in state["trial_data"])}
+    except (IndexError, OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def write_results_csv(rows: list[dict], columns: list[str], path: Path) -> Path:
