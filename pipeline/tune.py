@@ -374,6 +374,9 @@ def tune_cli(cfg: RunConfig, args) -> int:
     from pipeline.reward_pool import RewardPoolError
     from pipeline.train import init_ray
 
+    if args.samples is not None and args.samples < 1:
+        print(f"synth-grpo tune: --samples {args.samples}: must be >= 1", file=sys.stderr)
+        return 2
     try:
         space = None if args.resume else load_space(args.space)
         if space is not None:
@@ -388,6 +391,10 @@ def tune_cli(cfg: RunConfig, args) -> int:
         print(f"synth-grpo tune: a search already exists at {exp_dir}; pass --resume to continue it, or another --name",
               file=sys.stderr)
         return 2
+    if args.resume and not (exp_dir / BASE_CONFIG).is_file():
+        print(f"synth-grpo tune: --resume: no search at {exp_dir} (it is found through --config's output.root and --name)",
+              file=sys.stderr)
+        return 2
     init_ray(args.address)
     try:
         outcome = run_search(cfg, space, name=name, samples=args.samples, resume=args.resume)
@@ -400,6 +407,7 @@ def tune_cli(cfg: RunConfig, args) -> int:
     if outcome.best_config:
         print(f"best config: {outcome.best_config}\n  train it: synth-grpo train --config {outcome.best_config}")
     if outcome.interrupted:
-        print(f"search interrupted; continue it with: synth-grpo tune --config ... --name {name} --resume", file=sys.stderr)
+        again = f"--config {args.config} " if args.config else ""
+        print(f"search interrupted; continue it with: synth-grpo tune {again}--name {name} --resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0 if outcome.best_config else 1

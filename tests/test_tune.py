@@ -213,6 +213,13 @@ def test_cli_bad_space_exits_2_naming_the_key(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_cli_resume_without_a_search_exits_2(tmp_path, capsys):
+    from pipeline.cli import main
+
+    assert main(["tune", "--resume", "--name", "nothing-here", "--set", f"output.root={tmp_path}"]) == 2
+    assert f"--resume: no search at {tmp_path.resolve() / 'nothing-here'}" in capsys.readouterr().err
+
+
 def test_cli_needs_eval_prompts_for_the_objective(capsys):
     from pipeline.cli import main
 
