@@ -110,7 +110,7 @@ def summarize(run_dir: Path) -> str:
 
     lines = [
         f"run directory: {run_dir}",
-        f"steps: {train[-1]['step'] if train else 0}",
+        f"steps: {max((r['step'] for r in rows if 'loss' in r or 'reward' in r), default=0)}",
         f"reward: {span('reward')}",
         f"clipped ratio: {span('completions/clipped_ratio', '.2f')}",
         f"entropy: {span('entropy')}",

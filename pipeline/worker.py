@@ -233,7 +233,7 @@ def train_loop_per_worker(config: dict) -> None:
     if self_judge is not None:
         self_judge.trainer = trainer
 
-    resume_from = None
+    resume_from, step = None, 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         resume_from = checkpoint.to_directory()  # a local copy every rank can read
@@ -243,7 +243,14 @@ def train_loop_per_worker(config: dict) -> None:
             log(f"[resume] from checkpoint at step {step}")
             with (run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"event": "resume", "step": step, "time": time.time()}) + "\n")
-    trainer.train(resume_from_checkpoint=resume_from)
+    elif is_rank0:
+        # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            (run_dir / name).unlink(missing_ok=True)
+    if step >= cfg.optimization.max_steps:
+        trainer._load_from_checkpoint(resume_from)  # finished already: only the adapter is left to write
+    else:
+        trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_model(str(run_dir / "adapter"))
     if is_rank0:
         tokenizer.save_pretrained(str(run_dir / "adapter"))

@@ -126,9 +126,9 @@ def test_a_run_config_object_is_accepted():
     from pipeline.config import load_config
 
     cfg = load_config(REPO / "configs" / "seed-baseline.yaml")
-    found = by_rule(diagnose(seed_stream(30, tau=1e9, cap=32), config=cfg))
+    found = by_rule(diagnose(seed_stream(30, tau=1e9, cap=8), config=cfg))
     assert "(now 4)" in found["no_effective_update"].advice[0]
-    assert found["length_schedule_ignored"].evidence["new_limit"] == 48  # seed-baseline: 32 -> 48 at step 20
+    assert found["length_schedule_ignored"].evidence["new_limit"] == 12  # seed-baseline: 8 -> 12 at step 20
 
 
 def test_logged_cap_that_generation_ignores_is_found_without_config():
@@ -154,7 +154,7 @@ def test_healthy_stream_has_no_finding(n, config):
 def test_tiny_run_of_the_seed_is_diagnosed_in_30_steps():
     cfg = {"generation": {"num_generations": 4, "max_completion_length": 32, "length_schedule": [[20, 48]]},
            "optimization": {"max_steps": 30}}
-    found = by_rule(diagnose(seed_stream(30, tau=1e9, cap=32), config=cfg))
+    found = by_rule(diagnose(seed_stream(30, tau=1e9, cap=8), config=cfg))
     assert {"never_stops", "no_effective_update", "zero_variance_groups", "length_schedule_ignored", "reward_plateau"} <= set(found)
     assert found["length_schedule_ignored"].evidence["new_limit"] == 48
 
@@ -220,9 +220,10 @@ def test_callback_counts_findings_in_ray_only_when_initialized(monkeypatch):
 
     class Counter:
         def __init__(self, name, description="", tag_keys=None):
-            assert name == COUNTER_NAME and tag_keys == ("rule",)
+            assert name == COUNTER_NAME and tag_keys == ("rule", "run")
 
         def inc(self, value=1.0, tags=None):
+            assert set(tags) == {"rule", "run"}
             incs.append(tags["rule"])
 
     ray = types.ModuleType("ray")
