@@ -97,6 +97,15 @@ def gpu_length_ceiling(cfg: RunConfig) -> int | None:
         return None
 
 
+def registered_checkpoints(run_dir: Path) -> list[str]:
+    """Checkpoints Ray Train's controller has registered for this run: what a restart or rerun resumes from."""
+    try:
+        snap = json.loads((run_dir / RAY_TRAIN_DIR / "checkpoint_manager_snapshot.json").read_text(encoding="utf-8"))
+        return [c["checkpoint_dir_name"] for c in snap["checkpoint_results"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def summarize(run_dir: Path) -> str:
     from pipeline.run_callbacks import read_metrics
 

@@ -83,8 +83,6 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
         if last:
             tune.report(last)
         return
-    if not registered_checkpoints(run_dir):
-        clear_attempt_logs(run_dir)
     build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[_report_callback()]).fit()
 
 
@@ -98,26 +96,6 @@ def last_eval(run_dir: Path) -> dict[str, Any]:
 
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if OBJECTIVE in r]
     return {k: v for k, v in rows[-1].items() if isinstance(v, (int, float))} if rows else {}
-
-
-def registered_checkpoints(run_dir: Path) -> list[str]:
-    """Checkpoints Ray Train's controller registered for this run (what a rerun resumes from)."""
-    from pipeline.train import RAY_TRAIN_DIR
-
-    try:
-        snap = json.loads((run_dir / RAY_TRAIN_DIR / "checkpoint_manager_snapshot.json").read_text(encoding="utf-8"))
-        return [c["checkpoint_dir_name"] for c in snap["checkpoint_results"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-
-
-def clear_attempt_logs(run_dir: Path) -> None:
-    """A trial interrupted before its first checkpoint restarts at step 0: drop that attempt's rows.
-
-    (With a checkpoint the worker truncates them to the checkpoint's step itself.)
-    """
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        (run_dir / name).unlink(missing_ok=True)
 
 
 def _trial_dirname(trial) -> str:

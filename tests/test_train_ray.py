@@ -18,7 +18,7 @@ import yaml
 
 from pipeline.config import REWARD_COMPONENTS, config_from_dict, load_config
 from pipeline.run_callbacks import read_metrics
-from pipeline.train import RAY_TRAIN_DIR, prepare_run_dir, run_training
+from pipeline.train import RAY_TRAIN_DIR, prepare_run_dir, registered_checkpoints, run_training
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -166,15 +166,6 @@ def _ray_train_worker_pids() -> list[int]:
         if cmd.startswith("ray::RayTrainWorker"):
             pids.append(proc.info["pid"])
     return pids
-
-
-def registered_checkpoints(run_dir: Path) -> list[str]:
-    """Checkpoints Ray Train's controller has registered (what a restarted worker group resumes from)."""
-    snap = run_dir / RAY_TRAIN_DIR / "checkpoint_manager_snapshot.json"
-    try:
-        return [c["checkpoint_dir_name"] for c in json.loads(snap.read_text())["checkpoint_results"]]
-    except (OSError, ValueError, KeyError):
-        return []
 
 
 def resume_events(run_dir: Path) -> list[int]:

@@ -18,7 +18,8 @@ import yaml
 
 from pipeline.config import ConfigError, RunConfig, config_from_dict, load_config
 from pipeline.search_space import SpaceError, fit_batch_to_groups, load_space, parse_space
-from pipeline.tune import OBJECTIVE, max_concurrent_trials, registered_checkpoints, trained
+from pipeline.train import registered_checkpoints
+from pipeline.tune import OBJECTIVE, max_concurrent_trials, trained
 
 REPO = Path(__file__).resolve().parents[1]
 LR = "optimization.learning_rate"
