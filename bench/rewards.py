@@ -128,23 +128,13 @@ def bench_rouge(paragraphs: list[dict], rng: random.Random) -> dict:
 # -- judge -------------------------------------------------------------------------------------------
 def build_tiny_judge(paragraphs: list[dict], folder: Path, seed: int = 0) -> Path:
     """Byte-level BPE on XQuAD contexts + random-init tiny Llama, saved like a hub model."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from pipeline.tiny import train_byte_level_bpe
     from rewards.judge import RUBRIC
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=4000, special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
     texts = [p["context"] for p in paragraphs] + [qa["question"] for p in paragraphs for qa in p["qas"]]
-    tok.train_from_iterator(texts + [RUBRIC] * 5, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left"
-    )
+    fast = train_byte_level_bpe(texts + [RUBRIC] * 5, 4000, padding_side="left")
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

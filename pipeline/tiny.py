@@ -25,7 +25,6 @@ CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,8 @@ def _records() -> list[dict]:
     ]
 
 
-def build_tokenizer(records: list[dict], recipe: TinyRecipe):
+def train_byte_level_bpe(texts, vocab_size: int, extra_special: tuple[str, ...] = (), padding_side: str = "left"):
+    """A byte-level BPE tokenizer (no unknown bytes: umlauts and ß always encode) with <pad>, <s>, </s>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -77,17 +77,21 @@ def build_tokenizer(records: list[dict], recipe: TinyRecipe):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=recipe.vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>", *extra_special],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    texts = [SYSTEM_PROMPT] + [t for r in records for t in (r["question"], r["reference"], r["context"]) if t]
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        additional_special_tokens=["<|system|>", "<|user|>", "<|assistant|>"], padding_side="left",
+        additional_special_tokens=list(extra_special) or None, padding_side=padding_side,
     )
+
+
+def build_tokenizer(records: list[dict], recipe: TinyRecipe):
+    texts = [SYSTEM_PROMPT] + [t for r in records for t in (r["question"], r["reference"], r["context"]) if t]
+    fast = train_byte_level_bpe(texts, recipe.vocab_size, extra_special=("<|system|>", "<|user|>", "<|assistant|>"))
     fast.chat_template = CHAT_TEMPLATE
     return fast
 

@@ -26,22 +26,12 @@ def german_sentences(n: int, seed: int = 0) -> list[str]:
 
 def build_tiny_lm(folder: Path, padding_side: str) -> Path:
     """Byte-level BPE on German sentences + random-init 2-layer Llama, saved like a hub model."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from pipeline.tiny import train_byte_level_bpe
     from rewards.judge import RUBRIC
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tok.train_from_iterator(german_sentences(300) + [RUBRIC] * 3, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side=padding_side
-    )
+    fast = train_byte_level_bpe(german_sentences(300) + [RUBRIC] * 3, 600, padding_side=padding_side)
     torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
