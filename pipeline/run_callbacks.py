@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -185,12 +186,14 @@ class Evaluator(TrainerCallback):
             ids = [x for _, _, x in gathered]
             q, ref = [r["question"] for r in recs], [r["reference"] for r in recs]
             pool = self.pool
-            scores = {
-                "rouge_l": pool.run(pool.rouge_l(cands, ref)),
-                "length": pool.run(pool.length(cands, ref)),
-                "judge": pool.run(pool.judge(q, ref, cands)),
-                "eos": pool.run(pool.eos(ids, self.eos_ids, max_new, eos_kwargs(self.cfg))),
-            }
+
+            async def score_all():  # the four components in parallel, as in training
+                return await asyncio.gather(
+                    pool.rouge_l(cands, ref), pool.length(cands, ref), pool.judge(q, ref, cands),
+                    pool.eos(ids, self.eos_ids, max_new, eos_kwargs(self.cfg)),
+                )
+
+            scores = dict(zip(REWARD_COMPONENTS, pool.run(score_all())))
             n = len(cands)
             eos_rate = sum(1 for x in ids if x and x[-1] in self.eos_ids) / n
             for k, v in scores.items():
