@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from pipeline.config import REWARD_COMPONENTS, RunConfig
 from pipeline.reward_pool import RewardPool
+from rewards.eos import is_terminated
 from rewards.trl_rewards import completion_text
 
 
@@ -61,7 +62,7 @@ def make_pool_reward_funcs(
         ids = [list(map(int, x)) for x in completion_ids]
         if log_extra is not None:  # samples.jsonl reads these from TRL's completion log
             log_extra("reference", list(reference))
-            log_extra("ended_with_eos", [bool(x) and x[-1] in eos_token_ids for x in ids])
+            log_extra("ended_with_eos", [is_terminated(x, eos_token_ids) for x in ids])
         return await pool.eos(ids, eos_token_ids, current_max_len(), ekw)
 
     funcs = {"rouge_l": rouge_l, "length": length, "judge": judge, "eos": eos}

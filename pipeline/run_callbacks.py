@@ -33,16 +33,10 @@ def _jsonable(logs: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """Rows of a JSONL file; broken lines (a run killed mid-write) are skipped."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """Rows of a JSONL file (none if it is missing); broken lines (a run killed mid-write) are skipped."""
+    from pipeline.doctor import read_metrics as read_rows
+
+    return read_rows(path)[0] if path.exists() else []
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
@@ -145,6 +139,7 @@ class Evaluator(TrainerCallback):
         from trl.models import unwrap_model_for_generation
 
         from pipeline.reward_clients import eos_kwargs
+        from rewards.eos import is_terminated
 
         tr = self.trainer
         acc = tr.accelerator
@@ -195,7 +190,7 @@ class Evaluator(TrainerCallback):
 
             scores = dict(zip(REWARD_COMPONENTS, pool.run(score_all())))
             n = len(cands)
-            eos_rate = sum(1 for x in ids if x and x[-1] in self.eos_ids) / n
+            eos_rate = sum(is_terminated(x, self.eos_ids) for x in ids) / n
             for k, v in scores.items():
                 metrics[f"eval/{k}"] = sum(v) / n
             metrics["eval/eos_rate"] = eos_rate
