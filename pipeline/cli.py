@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(t)
     t.add_argument("--address", default=None, help="Ray cluster address to join (default: RAY_ADDRESS, else a local Ray)")
     t.add_argument("--run-dir", default=None, help="run directory (default: output.root/output.run_name)")
+    t.add_argument("--allow-config-change", action="store_true",
+                   help="resume a run whose training settings changed (default: exit 2 naming the changed fields)")
 
     tu = sub.add_parser("tune", help="Ray Tune search over learning rate, group size and reward weights")
     _add_config_args(tu)

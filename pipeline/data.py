@@ -30,10 +30,15 @@ class SkipReport:
     read: int = 0
     used: int = 0
     skipped: Counter = field(default_factory=Counter)
+    truncated: int = 0  # prompts whose context was shortened to data.max_prompt_length
+    max_prompt_length: int | None = None
 
     def summary(self, source: str) -> str:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
-        return f"data[{source}]: {self.read} rows read, {self.used} used, skipped {sum(self.skipped.values())} ({reasons})"
+        line = f"data[{source}]: {self.read} rows read, {self.used} used, skipped {sum(self.skipped.values())} ({reasons})"
+        if self.max_prompt_length is not None:
+            line += f", {self.truncated} prompts truncated to {self.max_prompt_length} tokens"
+        return line
 
 
 def _text(value: Any) -> str | None:
@@ -85,12 +90,20 @@ def _local_files(path: Path) -> list[Path]:
 def _iter_local(path: Path, report: SkipReport) -> Iterator[Any]:
     for f in _local_files(path):
         if f.suffix == ".parquet":
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
-                yield from batch.to_pylist()
+            try:
+                batches = pq.ParquetFile(f).iter_batches(batch_size=1024)
+                for batch in batches:
+                    yield from batch.to_pylist()
+            except (pa.ArrowException, OSError) as e:
+                raise DataError(f"data.path: {f} is not a readable Parquet file ({type(e).__name__}: {e})") from None
         else:
-            yield from _read_jsonl(f, report)
+            try:
+                yield from _read_jsonl(f, report)
+            except UnicodeDecodeError as e:
+                raise DataError(f"data.path: {f} is not UTF-8 text ({e})") from None
 
 
 def _iter_synth_hub(cfg: DataSection) -> Iterator[Any]:
@@ -154,15 +167,39 @@ def iter_records(cfg: DataSection, report: SkipReport) -> Iterator[dict]:
         yield rec
 
 
+def check_source(cfg: DataSection) -> None:
+    """Before Ray starts: read until the first usable row (all of an unusable file). Raises DataError
+    naming the file and the reason, so bad data exits 2 instead of failing inside every worker."""
+    report = SkipReport()
+    try:
+        for rec in iter_records(cfg, report):
+            if not cfg.min_reference_words or len(rec["reference"].split()) >= cfg.min_reference_words:
+                return
+            report.skipped["short_reference"] += 1
+    except OSError as e:
+        raise DataError(f"data.path: cannot read {e.filename or cfg.path}: {e.strerror or e}") from None
+    field, where = ("data.path", cfg.path) if cfg.source in ("local", "squad") else ("data.hub_id", cfg.hub_id)
+    if cfg.source == "bundled":
+        field, where = "data.source", f"bundled ({BUNDLED_DATA})"
+    raise DataError(
+        f"{field}: {where} yields no usable rows ({report.summary(cfg.source)}); each row needs a non-empty "
+        f"question and answer" + (f" in language {cfg.language!r}" if cfg.source in ("synth", "local") else "")
+    )
+
+
 def is_eval(row_id: str, eval_fraction: float) -> bool:
     """Stable across runs, machines and row order: the first 8 bytes of sha256(id) as a fraction."""
     h = int.from_bytes(hashlib.sha256(row_id.encode("utf-8")).digest()[:8], "big")
     return h / 2**64 < eval_fraction
 
 
-def load_records(cfg: DataSection, log=print) -> tuple[list[dict], list[dict], SkipReport]:
-    """(train, eval, report). Raises DataError when nothing usable is left."""
-    report = SkipReport()
+def load_records(cfg: DataSection, log=print, tokenizer=None) -> tuple[list[dict], list[dict], SkipReport]:
+    """(train, eval, report). Raises DataError when nothing usable is left.
+
+    With the policy's ``tokenizer``, every prompt is fitted to ``data.max_prompt_length`` tokens
+    (``fit_prompt``): TRL 1.x no longer truncates prompts itself.
+    """
+    report = SkipReport(max_prompt_length=cfg.max_prompt_length if tokenizer is not None else None)
     train: list[dict] = []
     held: list[dict] = []
     seen: set[str] = set()
@@ -173,6 +210,13 @@ def load_records(cfg: DataSection, log=print) -> tuple[list[dict], list[dict], S
         if rec["id"] in seen:
             report.skipped["duplicate_id"] += 1
             continue
+        if tokenizer is not None:
+            fitted = fit_prompt(rec, tokenizer, cfg.system_prompt, cfg.max_prompt_length)
+            if fitted is None:
+                report.skipped["prompt_too_long"] += 1
+                continue
+            report.truncated += fitted is not rec
+            rec = fitted
         seen.add(rec["id"])
         (held if is_eval(rec["id"], cfg.eval_fraction) else train).append(rec)
         report.used += 1
@@ -207,3 +251,34 @@ def to_trl_rows(records: list[dict], system_prompt: str) -> list[dict]:
         {"prompt": to_prompt(r, system_prompt), "question": r["question"], "reference": r["reference"], "id": r["id"]}
         for r in records
     ]
+
+
+def prompt_token_count(rec: dict, tokenizer, system_prompt: str) -> int:
+    """Tokens of the prompt as TRL tokenizes it for generation (chat template, generation prompt)."""
+    ids = tokenizer.apply_chat_template(to_prompt(rec, system_prompt), add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return len(ids)
+
+
+def fit_prompt(rec: dict, tokenizer, system_prompt: str, max_tokens: int) -> dict | None:
+    """``rec`` if its prompt fits ``max_tokens``; else a copy with the context's tail cut (the question
+    is what the answer needs, so it is never shortened); None when the question alone does not fit."""
+    def fits(r: dict) -> bool:
+        return prompt_token_count(r, tokenizer, system_prompt) <= max_tokens
+
+    if fits(rec):
+        return rec
+    context = rec.get("context") or ""
+    bare = {**rec, "context": ""}
+    if not context or not fits(bare):
+        return None
+    lo, hi = 0, len(context)  # the longest prefix (in characters) that fits, by bisection
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits({**rec, "context": context[:mid] + " …"}) else (lo, mid)
+    head = context[:lo]
+    if " " in head[-40:]:  # end on a word boundary when one is near
+        head = head[: head.rstrip().rfind(" ")]
+    cut = {**rec, "context": head.rstrip() + " …"} if head.strip() else bare
+    return cut if fits(cut) else bare

@@ -42,12 +42,12 @@ class _ActorProcess:
 class JudgeWorker(_ActorProcess):
     """Holds one frozen judge model for the life of the actor."""
 
-    def __init__(self, backend: str, model: str, max_input_tokens: int, use_gpu: bool):
+    def __init__(self, backend: str, model: str, max_input_tokens: int, use_gpu: bool, batch_size: int = 64):
         from rewards.judge import load_judge
 
         device = "cuda" if use_gpu else "cpu"
         t0 = time.perf_counter()
-        self.judge = load_judge(backend, model, device=device, max_input_tokens=max_input_tokens)
+        self.judge = load_judge(backend, model, device=device, max_input_tokens=max_input_tokens, batch_size=batch_size)
         self.load_seconds = time.perf_counter() - t0
         self.scored = 0
         self.busy_seconds = 0.0
@@ -165,6 +165,26 @@ class RewardPool:
         return ray.get([a.stats.remote() for a in self.judges])
 
 
+def judge_actor_resources(cfg: RunConfig) -> dict[str, float]:
+    """Ray resources of one judge actor, from ``judge.placement`` (validated in the config).
+
+    ``same_gpu`` asks for a fraction of a GPU and the training workers for the rest of theirs
+    (``training_worker_gpus``), so Ray's fractional-GPU packing puts a judge on a worker's card.
+    A self-judging run has its judge inside the workers; the pool's judge only scores evaluation.
+    """
+    j = cfg.judge
+    gpus = j.gpus_per_actor if j.placement in ("own_gpu", "same_gpu") and j.backend != "self" else 0.0
+    return {"num_cpus": j.cpus_per_actor, "num_gpus": gpus}
+
+
+def training_worker_gpus(cfg: RunConfig) -> float:
+    """GPUs one training worker asks for: the rest of its card when a judge shares it (same_gpu)."""
+    d, j = cfg.distributed, cfg.judge
+    if j.placement == "same_gpu" and j.backend != "self":
+        return max(0.0, d.gpus_per_worker - j.gpus_per_actor)
+    return d.gpus_per_worker
+
+
 def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
     """Start (or, with ``name``, reuse) the pool's actors. Blocks until every judge is loaded."""
     j = cfg.judge
@@ -176,9 +196,10 @@ def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
     for i in range(j.num_actors):
         actor_name = f"{name}-judge-{i}" if name else None
         extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name else {}
+        resources = judge_actor_resources(cfg)
         judges.append(
-            judge_cls.options(num_cpus=j.cpus_per_actor, num_gpus=j.gpus_per_actor, **opts, **extra).remote(
-                backend, model, j.max_input_tokens, j.gpus_per_actor > 0
+            judge_cls.options(**resources, **opts, **extra).remote(
+                backend, model, j.max_input_tokens, resources["num_gpus"] > 0, j.max_batch_size
             )
         )
         jn.append(actor_name or f"judge-{i} ({backend}:{model})")

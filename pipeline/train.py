@@ -18,6 +18,11 @@ from typing import Any
 from pipeline.config import RunConfig
 
 RAY_TRAIN_DIR = "ray_train"
+FATAL_KEY = "fatal_error"  # reported by a worker whose error a retry cannot fix (worker.NOT_RETRYABLE)
+
+
+class FatalRunError(RuntimeError):
+    """A worker stopped on bad data, a bad model or a bad config: retrying would fail the same way."""
 
 
 @dataclass
@@ -31,13 +36,40 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path(cfg.output.root) / (cfg.output.run_name or "run")
 
 
-def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print) -> bool:
-    """Create the run directory and write the resolved config; True when it resumes an earlier run."""
+class ResumeConflict(ValueError):
+    """A rerun under an existing run name whose training-relevant config differs from the run's."""
+
+    def __init__(self, run_dir: Path, changes: list[tuple[str, Any, Any]]):
+        self.lines = [f"{name}: {old!r} in the run being resumed, {new!r} now" for name, old, new in changes]
+        super().__init__(
+            f"{run_dir} was trained with another config; resuming it would ignore or mix these settings:\n"
+            + "\n".join(f"  - {line}" for line in self.lines)
+            + "\neither start a new run (--set output.run_name=NEW_NAME) or resume with the new settings "
+            "(--allow-config-change; the earlier config is kept beside the new one)"
+        )
+
+
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_change: bool = False) -> bool:
+    """Create the run directory and write the resolved config; True when it resumes an earlier run.
+
+    A run with checkpoints resumes only under the same training-relevant config (``resume_changes``),
+    unless ``allow_config_change``: a changed setting must not be silently ignored by a resume.
+    """
+    from pipeline.config import resume_changes
+
     run_dir.mkdir(parents=True, exist_ok=True)
     resumed = (run_dir / RAY_TRAIN_DIR).exists()
     path = run_dir / "config.yaml"
     text = cfg.to_yaml()
     if path.exists() and path.read_text(encoding="utf-8") != text:
+        if resumed:
+            import yaml
+
+            changes = resume_changes(yaml.safe_load(path.read_text(encoding="utf-8")) or {}, cfg)
+            if changes and not allow_config_change:
+                raise ResumeConflict(run_dir, changes)
+            if changes:
+                append_event(run_dir, "config_change", fields=[c[0] for c in changes])
         kept = run_dir / f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml"
         path.rename(kept)
         if log:
@@ -46,16 +78,62 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print) -> bool:
     return resumed
 
 
-def init_ray(address: str | None = None, log=print) -> None:
-    """Join RAY_ADDRESS / --address (and `ray job submit`'s cluster), else start an embedded local Ray."""
+def append_event(run_dir: Path, event: str, **fields: Any) -> None:
+    """One line of ``events.jsonl``: what happened to the run (resumes, config changes, resizes)."""
+    with (run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"event": event, **fields, "time": time.time()}) + "\n")
+
+
+def ray_address(address: str | None) -> tuple[str | None, str]:
+    """(address, where it came from). None: start an embedded Ray, whatever Ray's temp folder holds."""
+    if address:
+        return address, "--address"
+    if os.environ.get("RAY_ADDRESS"):
+        source = "the Ray job" if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") else "RAY_ADDRESS"
+        return os.environ["RAY_ADDRESS"], source
+    return None, "embedded"
+
+
+def _wait_for_gcs(address: str, timeout_s: float) -> bool:
+    """Whether host:port of a GCS address accepts a TCP connection within ``timeout_s``."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return True  # "auto" and other forms: leave them to Ray
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+
+class RayUnreachable(RuntimeError):
+    """The cluster to join does not answer."""
+
+
+def init_ray(address: str | None = None, log=print, connect_timeout_s: float = 20.0) -> None:
+    """Join --address / RAY_ADDRESS (set by `ray job submit`), else start a fresh embedded Ray.
+
+    ``ray.init()`` with no address would join the cluster named in Ray's temp folder, even a dead
+    one left by a crashed ``ray start``; "local" always starts a new one.
+    """
     import ray
 
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS")
-    ray.init(address=address or None, log_to_driver=True, logging_level="WARNING")
+    address, source = ray_address(address)
+    if address and not _wait_for_gcs(address, connect_timeout_s):
+        raise RayUnreachable(f"Ray cluster at {address} (from {source}) does not answer after {connect_timeout_s:g} s; "
+                             "start it (ray start --head / ray up) or fix the address")
+    ray.init(address=address or "local", log_to_driver=True, logging_level="WARNING")
     if log:
-        where = address or "embedded local Ray"
+        where = f"{address} (from {source})" if address else "embedded local Ray"
         log(f"[ray] {where}: {ray.cluster_resources().get('CPU', 0):g} CPUs, {ray.cluster_resources().get('GPU', 0):g} GPUs")
 
 
@@ -65,10 +143,12 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
 
     from pipeline.worker import train_loop_per_worker
 
+    from pipeline.reward_pool import training_worker_gpus
+
     d = cfg.distributed
     resources = {"CPU": d.cpus_per_worker}
     if d.use_gpu:
-        resources["GPU"] = d.gpus_per_worker
+        resources["GPU"] = training_worker_gpus(cfg)
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": cfg.to_dict(), "run_dir": str(run_dir.resolve()), "pool": pool, "length_ceiling": length_ceiling},
@@ -145,11 +225,14 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
     finally:
         if own_pool:
             stop_pool(pool)
+    if (result.metrics or {}).get(FATAL_KEY):
+        raise FatalRunError(result.metrics[FATAL_KEY])
     summary = summarize(run_dir)
     return TrainOutcome(run_dir, dict(result.metrics or {}), summary)
 
 
 def train_cli(cfg: RunConfig, args) -> int:
+    from pipeline.data import DataError, check_source
     from pipeline.reward_pool import RewardPoolError
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
@@ -167,11 +250,30 @@ def train_cli(cfg: RunConfig, args) -> int:
                 print(f"[plan] WARNING: {warning}", file=sys.stderr)
         except ImportError:
             pass
-    resumed = prepare_run_dir(cfg, run_dir)
+    # Everything a retry cannot fix is found here, before Ray or any model starts (exit 2).
+    try:
+        check_source(cfg.data)
+        resumed = prepare_run_dir(cfg, run_dir, allow_config_change=getattr(args, "allow_config_change", False))
+    except (DataError, ResumeConflict) as e:
+        print(f"synth-grpo train: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        field = "--run-dir" if args.run_dir else "output.root"
+        print(f"synth-grpo train: {field}: cannot write the run directory {run_dir}: "
+              f"{e.strerror or e} ({e.filename or run_dir})", file=sys.stderr)
+        return 2
     print(f"[run] {'resuming' if resumed else 'starting'} {run_dir}")
-    init_ray(args.address)
+    try:
+        init_ray(args.address)
+    except RayUnreachable as e:
+        print(f"synth-grpo train: {e}", file=sys.stderr)
+        return 2
     try:
         outcome = run_training(cfg, run_dir)
+    except FatalRunError as e:
+        print(f"synth-grpo train: stopped without retrying (a retry would fail the same way); the run directory "
+              f"{run_dir} is kept\n{e}", file=sys.stderr)
+        return 2
     except RewardPoolError as e:
         print(f"synth-grpo train: {e}\ncheckpoints so far are kept in {run_dir / RAY_TRAIN_DIR}", file=sys.stderr)
         return 1

@@ -107,11 +107,14 @@ def _trial_dirname(trial) -> str:
 
 def max_concurrent_trials(cfg: RunConfig, resources: dict[str, float]) -> int:
     """Trials that fit beside the shared pool: (cluster - pool) / (trial driver + workers), at least 1."""
+    from pipeline.reward_pool import judge_actor_resources, training_worker_gpus
+
     d, j = cfg.distributed, cfg.judge
+    judge = judge_actor_resources(cfg)
     per_trial_cpu = TRIAL_DRIVER_CPUS + d.num_workers * d.cpus_per_worker
-    fits = [(resources.get("CPU", 0.0) - j.num_actors * j.cpus_per_actor) / per_trial_cpu]
+    fits = [(resources.get("CPU", 0.0) - j.num_actors * judge["num_cpus"]) / per_trial_cpu]
     if d.use_gpu:
-        fits.append((resources.get("GPU", 0.0) - j.num_actors * j.gpus_per_actor) / (d.num_workers * d.gpus_per_worker))
+        fits.append((resources.get("GPU", 0.0) - j.num_actors * judge["num_gpus"]) / (d.num_workers * training_worker_gpus(cfg)))
     return max(1, math.floor(min(fits) + 1e-9))
 
 

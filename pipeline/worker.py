@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import TINY_POLICY, RunConfig, config_from_dict
+from pipeline.config import TINY_POLICY, ConfigError, RunConfig, config_from_dict
+from pipeline.data import DataError
+
+# Errors a retry cannot fix: the same data, model and config fail the same way on every attempt.
+# OSError covers transformers' "not a local folder and not a valid model identifier" and missing files.
+NOT_RETRYABLE = (ConfigError, DataError, OSError)
 
 
 def resolve_policy_path(cfg: RunConfig) -> str:
@@ -129,15 +133,17 @@ def lora_config(cfg: RunConfig):
 class SelfJudge:
     """The seed's self-judging, reproduced: the live policy scores its own completions."""
 
-    def __init__(self, tokenizer, max_input_tokens: int):
+    def __init__(self, tokenizer, max_input_tokens: int, batch_size: int = 64):
         self.tokenizer, self.max_input_tokens, self.trainer, self._judge = tokenizer, max_input_tokens, None, None
+        self.batch_size = batch_size
 
     def score(self, questions, references, candidates):
         if self._judge is None:
             from rewards.judge import load_judge
 
             self._judge = load_judge(
-                "self", "", max_input_tokens=self.max_input_tokens, policy=self.trainer.model, tokenizer=self.tokenizer
+                "self", "", max_input_tokens=self.max_input_tokens, batch_size=self.batch_size,
+                policy=self.trainer.model, tokenizer=self.tokenizer,
             )
         return self._judge.score(questions, references, candidates)
 
@@ -157,17 +163,27 @@ def _restore_length_state(run_dir: Path, step: int, length_ctl, truncate: bool) 
         length_ctl.restore(int(caps[-1]), clipped[-length_ctl.recent.maxlen :] if length_ctl.adaptive else [])
 
 
-def load_policy(cfg: RunConfig, on_gpu: bool):
+def load_tokenizer(cfg: RunConfig):
+    """The policy's tokenizer, padded on the left (evaluation generates from padded batches)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        resolve_policy_path(cfg), revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
+    )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_policy(cfg: RunConfig, on_gpu: bool, tokenizer=None):
     """(tokenizer, model, eos_ids) for the configured policy; hub ids and local paths load the same way."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     policy = resolve_policy_path(cfg)
     common = dict(revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(policy, **common)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"  # evaluation generates from padded batches
+    tokenizer = tokenizer or load_tokenizer(cfg)
     flags = precision_flags(cfg, on_gpu)
     dtype = torch.bfloat16 if flags["bf16"] else torch.float16 if flags["fp16"] else torch.float32
     model = AutoModelForCausalLM.from_pretrained(
@@ -207,19 +223,27 @@ def train_loop_per_worker(config: dict) -> None:
     from pipeline.reward_clients import make_pool_reward_funcs
     from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter
 
-    cfg = config_from_dict(config["cfg"])
-    run_dir = Path(config["run_dir"])
-    pool = config["pool"]
     rank = ray.train.get_context().get_world_rank()
     is_rank0 = rank == 0
     log = print if is_rank0 else None
-    on_gpu = cfg.distributed.use_gpu and torch.cuda.is_available()
-    torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
+    try:
+        cfg = config_from_dict(config["cfg"])
+        on_gpu = cfg.distributed.use_gpu and torch.cuda.is_available()
+        tokenizer = load_tokenizer(cfg)
+        train_recs, eval_recs, _ = load_records(cfg.data, log=log, tokenizer=tokenizer)
+        tokenizer, model, eos_ids = load_policy(cfg, on_gpu, tokenizer)
+    except NOT_RETRYABLE as e:
+        # Ray Train's failure policy would retry any raised error; the same data, model and config
+        # would fail again, so every rank reports the cause and the driver stops the run (exit 2).
+        from pipeline.train import FATAL_KEY
 
-    train_recs, eval_recs, _ = load_records(cfg.data, log=log)
-    tokenizer, model, eos_ids = load_policy(cfg, on_gpu)
+        ray.train.report({FATAL_KEY: f"{type(e).__name__}: {e}"})
+        return
+    run_dir = Path(config["run_dir"])
+    pool = config["pool"]
+    torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
     length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=log)
-    self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens) if cfg.judge.backend == "self" else None
+    self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens, cfg.judge.max_batch_size) if cfg.judge.backend == "self" else None
     funcs, weights = make_pool_reward_funcs(pool, cfg, eos_ids, lambda: length_ctl.current, self_judge)
 
     metrics = MetricsSink(run_dir, cfg.output.run_name or run_dir.name, cfg.logging.ray_metrics)
@@ -240,9 +264,10 @@ def train_loop_per_worker(config: dict) -> None:
         step = json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]
         _restore_length_state(run_dir, step, length_ctl, truncate=is_rank0)
         if is_rank0:
+            from pipeline.train import append_event
+
             log(f"[resume] from checkpoint at step {step}")
-            with (run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"event": "resume", "step": step, "time": time.time()}) + "\n")
+            append_event(run_dir, "resume", step=step)
     elif is_rank0:
         # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
         for name in ("metrics.jsonl", "samples.jsonl"):

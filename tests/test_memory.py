@@ -242,7 +242,7 @@ def test_max_num_generations_is_the_largest_that_fits():
 
 def test_same_gpu_judge_and_vllm_are_counted():
     own = M.plan_run(cfg8b(), 80)
-    same = M.plan_run(cfg8b("judge.placement=same_gpu"), 80)  # Qwen2.5-7B judge beside the policy
+    same = M.plan_run(cfg8b("judge.placement=same_gpu", "judge.gpus_per_actor=0.5"), 80)  # Qwen2.5-7B judge beside the policy
     assert same.components["judge"] > 14 and same.total_gib > own.total_gib + 14
     vllm = M.plan_run(cfg8b("generation.backend=vllm", "generation.vllm_gpu_memory_utilization=0.3"), 80)
     assert vllm.components["vllm_reservation"] == pytest.approx(24.0) and vllm.components["generation_kv_cache"] == 0

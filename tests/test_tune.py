@@ -238,7 +238,7 @@ def test_concurrency_follows_resources():
     cfg.distributed.cpus_per_worker = 0.5
     assert max_concurrent_trials(cfg, {"CPU": 2}) == 2
     assert max_concurrent_trials(cfg, {"CPU": 16}) == 25
-    gpu = config_from_dict({"judge": {"gpus_per_actor": 1}, "distributed": {"use_gpu": True, "num_workers": 2}})
+    gpu = config_from_dict({"judge": {"gpus_per_actor": 1, "placement": "own_gpu"}, "distributed": {"use_gpu": True, "num_workers": 2}})
     assert max_concurrent_trials(gpu, {"CPU": 64, "GPU": 8}) == 3  # (8 - 1 judge GPU) // 2 GPUs per trial
     assert max_concurrent_trials(gpu, {"CPU": 1, "GPU": 0}) == 1  # never below one
 
