@@ -45,12 +45,23 @@ class JudgeWorker(_ActorProcess):
     def __init__(self, backend: str, model: str, max_input_tokens: int, use_gpu: bool, batch_size: int = 64):
         from rewards.judge import load_judge
 
-        device = "cuda" if use_gpu else "cpu"
+        import torch
+
+        device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
         t0 = time.perf_counter()
         self.judge = load_judge(backend, model, device=device, max_input_tokens=max_input_tokens, batch_size=batch_size)
         self.load_seconds = time.perf_counter() - t0
         self.scored = 0
         self.busy_seconds = 0.0
+        self.largest_forward = 0  # rows in the largest forward pass: judge.max_batch_size bounds it
+        module = getattr(self.judge, "model", None)
+        if module is not None and hasattr(module, "register_forward_pre_hook"):
+            module.register_forward_pre_hook(self._count_rows, with_kwargs=True)
+
+    def _count_rows(self, _module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and hasattr(ids, "shape"):
+            self.largest_forward = max(self.largest_forward, int(ids.shape[0]))
 
     def score(self, questions: list[str], references: list[str], candidates: list[str]) -> list[float]:
         t0 = time.perf_counter()
@@ -60,7 +71,15 @@ class JudgeWorker(_ActorProcess):
         return out
 
     def stats(self) -> dict[str, float]:
-        return {"scored": self.scored, "busy_seconds": self.busy_seconds, "load_seconds": self.load_seconds}
+        return {"scored": self.scored, "busy_seconds": self.busy_seconds, "load_seconds": self.load_seconds,
+                "largest_forward": self.largest_forward}
+
+    def max_input_tokens(self) -> int:
+        return int(self.judge.max_input_tokens)
+
+    def assigned_resources(self) -> dict[str, float]:
+        """What Ray gave this actor (``judge.placement`` shows here)."""
+        return dict(ray.get_runtime_context().get_assigned_resources())
 
 
 class ScorerWorker(_ActorProcess):
@@ -165,8 +184,8 @@ class RewardPool:
         return ray.get([a.stats.remote() for a in self.judges])
 
 
-def judge_actor_resources(cfg: RunConfig) -> dict[str, float]:
-    """Ray resources of one judge actor, from ``judge.placement`` (validated in the config).
+def judge_actor_options(cfg: RunConfig) -> dict[str, float]:
+    """Ray options of one judge actor: resources from ``judge.placement`` (validated in the config).
 
     ``same_gpu`` asks for a fraction of a GPU and the training workers for the rest of theirs
     (``training_worker_gpus``), so Ray's fractional-GPU packing puts a judge on a worker's card.
@@ -174,7 +193,7 @@ def judge_actor_resources(cfg: RunConfig) -> dict[str, float]:
     """
     j = cfg.judge
     gpus = j.gpus_per_actor if j.placement in ("own_gpu", "same_gpu") and j.backend != "self" else 0.0
-    return {"num_cpus": j.cpus_per_actor, "num_gpus": gpus}
+    return {"num_cpus": j.cpus_per_actor, "num_gpus": gpus, "max_restarts": j.max_restarts, "max_task_retries": 0}
 
 
 def training_worker_gpus(cfg: RunConfig) -> float:
@@ -190,16 +209,16 @@ def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
     j = cfg.judge
     backend, model = eval_judge_spec(cfg)
     opts = dict(max_restarts=j.max_restarts, max_task_retries=0)
+    judge_opts = judge_actor_options(cfg)
     judge_cls = ray.remote(JudgeWorker)
     scorer_cls = ray.remote(ScorerWorker)
     judges, scorers, jn, sn = [], [], [], []
     for i in range(j.num_actors):
         actor_name = f"{name}-judge-{i}" if name else None
         extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name else {}
-        resources = judge_actor_resources(cfg)
         judges.append(
-            judge_cls.options(**resources, **opts, **extra).remote(
-                backend, model, j.max_input_tokens, resources["num_gpus"] > 0, j.max_batch_size
+            judge_cls.options(**judge_opts, **extra).remote(
+                backend, model, j.max_input_tokens, judge_opts["num_gpus"] > 0, j.max_batch_size
             )
         )
         jn.append(actor_name or f"judge-{i} ({backend}:{model})")

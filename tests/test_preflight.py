@@ -1,0 +1,116 @@
+"""Bad input stops before Ray or any model starts (exit 2, the field or file named); reruns never
+silently resume under another config; the embedded Ray ignores a stale cluster file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import load_config
+from pipeline.train import RAY_TRAIN_DIR, RayUnreachable, ResumeConflict, init_ray, prepare_run_dir
+from tests.conftest import REPO
+
+
+def run_cli(*args: str, timeout: float = 60, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+    return proc, time.monotonic() - t0
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    broken_squad = tmp_path / "squad.json"
+    broken_squad.write_text('{"data": [{"paragraphs": [', encoding="utf-8")
+    broken_parquet = tmp_path / "rows.parquet"
+    broken_parquet.write_bytes(b"PAR1 this is not parquet")
+    invalid_rows = tmp_path / "invalid.jsonl"
+    invalid_rows.write_text('{"query": "", "synthetic_answer": "x"}\n{not json}\n', encoding="utf-8")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    return {
+        "empty data file": (["--set", "data.source=local", "--set", f"data.path={empty}"], str(empty)),
+        "all-invalid rows": (["--set", "data.source=local", "--set", f"data.path={invalid_rows}"], str(invalid_rows)),
+        "malformed SQuAD JSON": (["--set", "data.source=squad", "--set", f"data.path={broken_squad}"], str(broken_squad)),
+        "malformed Parquet": (["--set", "data.source=local", "--set", f"data.path={broken_parquet}"], str(broken_parquet)),
+        "missing model path": (["--set", "model.name_or_path=/nonexistent/model"], "model.name_or_path"),
+        "unwritable output.root": (["--set", f"output.root={blocker}/runs"], "output.root"),
+    }
+
+
+@pytest.mark.parametrize("case", ["empty data file", "all-invalid rows", "malformed SQuAD JSON", "malformed Parquet",
+                                  "missing model path", "unwritable output.root"])
+def test_bad_input_exits_2_fast_naming_the_field_or_file(tmp_path, case):
+    args, named = _bad_inputs(tmp_path)[case]
+    proc, seconds = run_cli("train", *args, "--set", f"output.run_name=bad-{case.replace(' ', '-')}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert seconds < 10, seconds
+    assert named in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "[ray]" not in proc.stdout  # Ray never started
+
+
+def _finished_run(tmp_path: Path, *overrides: str):
+    cfg = load_config(None, [f"output.root={tmp_path}", *overrides])
+    run_dir = tmp_path / cfg.output.run_name
+    prepare_run_dir(cfg, run_dir, log=None)
+    (run_dir / RAY_TRAIN_DIR).mkdir()  # a run with checkpoints: a rerun resumes it
+    return run_dir
+
+
+def test_rerun_with_a_changed_learning_rate_exits_2_naming_it(tmp_path):
+    run_dir = _finished_run(tmp_path)
+    before = (run_dir / "config.yaml").read_text()
+    proc, seconds = run_cli("train", "--set", f"output.root={tmp_path}", "--set", "optimization.learning_rate=3e-4")
+    assert proc.returncode == 2 and seconds < 10, proc.stderr[-2000:]
+    assert "optimization.learning_rate" in proc.stderr and "--allow-config-change" in proc.stderr
+    assert "output.run_name" in proc.stderr  # the other way forward
+    assert (run_dir / "config.yaml").read_text() == before  # nothing of the run was touched
+
+
+def test_resume_accepts_safe_changes_and_an_explicit_change(tmp_path):
+    run_dir = _finished_run(tmp_path)
+    more = load_config(None, [f"output.root={tmp_path}", "optimization.max_steps=60", "logging.samples_every=5"])
+    assert prepare_run_dir(more, run_dir, log=None) is True  # more steps and logging: resumes
+    changed = load_config(None, [f"output.root={tmp_path}", "data.min_reference_words=3", "lora.r=8"])
+    with pytest.raises(ResumeConflict) as e:
+        prepare_run_dir(changed, run_dir, log=None)
+    assert [line.split(":")[0] for line in e.value.lines] == ["data.min_reference_words", "lora.r"]
+    assert prepare_run_dir(changed, run_dir, log=None, allow_config_change=True) is True
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["lora"]["r"] == 8
+    events = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "config_change" and events[-1]["fields"] == ["data.min_reference_words", "lora.r"]
+    assert len(list(run_dir.glob("config.*.yaml"))) >= 1  # the earlier config is kept
+
+
+def test_unreachable_cluster_fails_fast_naming_address_and_source(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
+    t0 = time.monotonic()
+    with pytest.raises(RayUnreachable) as e:
+        init_ray(None, log=None, connect_timeout_s=2)
+    assert time.monotonic() - t0 < 10
+    assert "127.0.0.1:9" in str(e.value) and "RAY_ADDRESS" in str(e.value)
+    with pytest.raises(RayUnreachable, match="--address"):
+        init_ray("127.0.0.1:9", log=None, connect_timeout_s=1)
+
+
+@pytest.mark.slow
+def test_stale_cluster_file_does_not_stop_the_embedded_ray():
+    """A crashed `ray start` leaves ray_current_cluster behind; with no address we start our own Ray."""
+    tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))  # short: Ray's socket paths live under it
+    (tmp / "ray").mkdir()
+    (tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")  # nothing listens on port 9
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    script = ("import ray; from pipeline.train import init_ray; init_ray(); "
+              "print('CPUS', ray.cluster_resources().get('CPU')); ray.shutdown()")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**env, "RAY_TMPDIR": str(tmp)})
+    assert proc.returncode == 0 and "CPUS" in proc.stdout, proc.stderr[-3000:]
