@@ -152,7 +152,7 @@ def test_field_reaches_grpo_config(override, attr, expected):
 
 
 @pytest.mark.parametrize("override,attr,expected", [
-    ("lora.r=8", "r", 8), ("lora.alpha=16", "lora_alpha", 16), ("lora.dropout=0.0", "lora_dropout", 0.0),
+    ("lora.r=4", "r", 4), ("lora.alpha=32", "lora_alpha", 32), ("lora.dropout=0.05", "lora_dropout", 0.05),
     ("lora.target_modules=[q_proj, v_proj]", "target_modules", {"q_proj", "v_proj"}),
 ])
 def test_field_reaches_lora_config(override, attr, expected):

@@ -31,7 +31,7 @@ def test_long_context_is_cut_to_the_limit_and_the_question_kept(tiny_tokenizer):
     n = prompt_token_count(cut, tiny_tokenizer, system)
     assert 100 < n <= 128  # as much context as fits, not all of it dropped
     assert cut["question"] == rec["question"] and LONG_CONTEXT.startswith(cut["context"].rstrip(" …"))
-    assert fit_prompt(rec, tiny_tokenizer, system, 5000) is rec  # fits: untouched
+    assert fit_prompt(rec, tiny_tokenizer, system, 100_000) is rec  # fits: untouched
     assert fit_prompt({**rec, "context": "", "question": LONG_CONTEXT}, tiny_tokenizer, system, 128) is None
 
 
@@ -42,10 +42,10 @@ def test_data_summary_counts_truncated_prompts(tmp_path, tiny_tokenizer):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
     lines = []
-    cfg = load_config(None, ["data.source=local", f"data.path={path}", "data.max_prompt_length=96"])
+    cfg = load_config(None, ["data.source=local", f"data.path={path}", "data.max_prompt_length=128"])
     train, held, rep = load_records(cfg.data, log=lines.append, tokenizer=tiny_tokenizer)
     assert rep.truncated == 5 and rep.skipped["prompt_too_long"] == 1 and len(train) + len(held) == 10
-    assert "5 prompts truncated to 96 tokens" in lines[0] and "prompt_too_long 1" in lines[0]
+    assert "5 prompts truncated to 128 tokens" in lines[0] and "prompt_too_long 1" in lines[0]
 
 
 @pytest.mark.slow

@@ -80,12 +80,12 @@ def test_resume_accepts_safe_changes_and_an_explicit_change(tmp_path):
     run_dir = _finished_run(tmp_path)
     more = load_config(None, [f"output.root={tmp_path}", "optimization.max_steps=60", "logging.samples_every=5"])
     assert prepare_run_dir(more, run_dir, log=None) is True  # more steps and logging: resumes
-    changed = load_config(None, [f"output.root={tmp_path}", "data.min_reference_words=3", "lora.r=8"])
+    changed = load_config(None, [f"output.root={tmp_path}", "data.min_reference_words=3", "lora.r=4"])
     with pytest.raises(ResumeConflict) as e:
         prepare_run_dir(changed, run_dir, log=None)
     assert [line.split(":")[0] for line in e.value.lines] == ["data.min_reference_words", "lora.r"]
     assert prepare_run_dir(changed, run_dir, log=None, allow_config_change=True) is True
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["lora"]["r"] == 8
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["lora"]["r"] == 4
     events = [json.loads(l) for l in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "config_change" and events[-1]["fields"] == ["data.min_reference_words", "lora.r"]
     assert len(list(run_dir.glob("config.*.yaml"))) >= 1  # the earlier config is kept
@@ -114,3 +114,19 @@ def test_stale_cluster_file_does_not_stop_the_embedded_ray():
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**env, "RAY_TMPDIR": str(tmp)})
     assert proc.returncode == 0 and "CPUS" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_error_found_in_the_worker_is_not_retried(tmp_path):
+    """A model folder that passes the pre-check (it has config.json) but does not load: the worker
+    reports the cause once and the run stops with exit 2, instead of Ray Train retrying it."""
+    model = tmp_path / "broken-model"
+    model.mkdir()
+    (model / "config.json").write_text("{not json", encoding="utf-8")
+    proc, seconds = run_cli("train", "--set", f"model.name_or_path={model}", "--set", f"output.root={tmp_path}",
+                            "--set", "distributed.max_failures=3", "--set", "output.run_name=broken", timeout=300)
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-3000:])
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "config.json" in last and "OSError" in last, proc.stderr[-2000:]
+    assert proc.stdout.count("data[bundled]") <= 1  # one attempt, no retries
+    assert (tmp_path / "broken" / "config.yaml").is_file()  # the run directory is kept
