@@ -18,7 +18,7 @@ from typing import Any
 from pipeline.config import RunConfig
 
 RAY_TRAIN_DIR = "ray_train"
-FATAL_KEY = "fatal_error"  # reported by a worker whose error a retry cannot fix (worker.NOT_RETRYABLE)
+FATAL_FILE = "fatal_error.txt"  # written by rank 0 when an error a retry cannot fix stops it (worker.NOT_RETRYABLE)
 
 
 class FatalRunError(RuntimeError):
@@ -219,14 +219,16 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
     own_pool = pool is None
     if own_pool:
         pool = start_pool(cfg)
+    fatal = run_dir / FATAL_FILE
+    fatal.unlink(missing_ok=True)
     try:
         trainer = build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg))
         result = trainer.fit()
     finally:
         if own_pool:
             stop_pool(pool)
-    if (result.metrics or {}).get(FATAL_KEY):
-        raise FatalRunError(result.metrics[FATAL_KEY])
+    if fatal.is_file():
+        raise FatalRunError(fatal.read_text(encoding="utf-8").strip())
     summary = summarize(run_dir)
     return TrainOutcome(run_dir, dict(result.metrics or {}), summary)
 

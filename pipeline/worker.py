@@ -233,11 +233,12 @@ def train_loop_per_worker(config: dict) -> None:
         train_recs, eval_recs, _ = load_records(cfg.data, log=log, tokenizer=tokenizer)
         tokenizer, model, eos_ids = load_policy(cfg, on_gpu, tokenizer)
     except NOT_RETRYABLE as e:
-        # Ray Train's failure policy would retry any raised error; the same data, model and config
-        # would fail again, so every rank reports the cause and the driver stops the run (exit 2).
-        from pipeline.train import FATAL_KEY
+        # Ray Train's failure policy retries any raised error; the same data, model and config would
+        # fail again, so the worker ends cleanly and leaves the cause for the driver (exit 2).
+        from pipeline.train import FATAL_FILE
 
-        ray.train.report({FATAL_KEY: f"{type(e).__name__}: {e}"})
+        if is_rank0:
+            (Path(config["run_dir"]) / FATAL_FILE).write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
         return
     run_dir = Path(config["run_dir"])
     pool = config["pool"]
