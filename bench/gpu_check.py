@@ -54,6 +54,9 @@ BUILD_VERSION = 1  # bump when the model/tokenizer recipe below changes (the mod
 EXACT_TERMS = ("base_weights", "lora_weights", "gradients", "optimizer_states")
 TOKENIZER_TRAINED_SIZE = 1000  # BPE merges learned from the bundled data; the rest of the vocabulary is filler
 CHAT_SPECIALS = ("<|system|>", "<|user|>", "<|assistant|>")
+# Ray GPU shares: each worker takes 0.9 of a GPU, so two never share one, and the judge's 0.1 puts it
+# beside one of them (judge.placement same_gpu, as the planner counts it).
+JUDGE_GPU_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -202,10 +205,11 @@ def case_config(mode: Mode, g: int, backend: str, policy: Path, judge: Path, wor
     batch = M.scaled_batch(base, g, num_gpus)
     sets = [
         f"model.name_or_path={policy}", f"judge.model={judge}", "judge.placement=same_gpu", "judge.num_actors=1",
-        f"judge.gpus_per_actor={0.5 if use_gpu else 0}", f"judge.cpus_per_actor={1 if use_gpu else 0.5}",
+        f"judge.gpus_per_actor={JUDGE_GPU_SHARE if use_gpu else 0}", f"judge.cpus_per_actor={1 if use_gpu else 0.5}",
         "data.source=bundled", f"lora.r={mode.lora_r}", f"optimization.precision={mode.precision}",
         f"distributed.num_workers={num_gpus}", f"distributed.use_gpu={str(use_gpu).lower()}",
-        f"distributed.gpus_per_worker={0.5 if use_gpu else 1}", f"distributed.cpus_per_worker={2 if use_gpu else 1}",
+        f"distributed.gpus_per_worker={1 - JUDGE_GPU_SHARE if use_gpu else 1}",
+        f"distributed.cpus_per_worker={2 if use_gpu else 1}",
         "distributed.zero_stage=0", "distributed.max_failures=0",
         f"generation.num_generations={g}", f"generation.backend={backend}",
         f"generation.max_completion_length={completion_length}",
@@ -375,16 +379,22 @@ def probed_train_loop(config: dict) -> None:
 
 
 @contextlib.contextmanager
+def pickled_by_value():
+    """Ship this script's functions to Ray processes by value (they cannot import bench/ by name)."""
+    import ray.cloudpickle
+
+    module = sys.modules[__name__]
+    if module.__name__ != "__main__":  # __main__ is pickled by value anyway
+        ray.cloudpickle.register_pickle_by_value(module)
+    yield
+
+
+@contextlib.contextmanager
 def probed_worker_loop():
     """`pipeline.train.build_trainer` starts `pipeline.worker.train_loop_per_worker`; point it at the probed
     loop for this run only (the workers import the unmodified module and the probed loop calls into it)."""
-    import ray.cloudpickle
-
     import pipeline.worker as worker
 
-    module = sys.modules[__name__]
-    if module.__name__ != "__main__":  # imported (tests): ship this module's code to the workers by value
-        ray.cloudpickle.register_pickle_by_value(module)
     original = worker.train_loop_per_worker
     worker.train_loop_per_worker = probed_train_loop
     try:
@@ -598,14 +608,15 @@ def run_case(case: Case, cfg, pool, gpu_gib: float | None, num_gpus: int, log) -
         shutil.rmtree(run_dir)
     prepare_run_dir(cfg, run_dir, log=None)
     t0 = time.perf_counter()
-    with probed_worker_loop():
+    with pickled_by_value(), probed_worker_loop():
         run_training(cfg, run_dir, pool=pool, log=None)
     wall = time.perf_counter() - t0
     ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("gpu_check_rank*.json"))]
     if not ranks or not ranks[0]["generate_calls"]:
         raise RuntimeError(f"the worker wrote no measurements to {run_dir}")
     train_seconds = max(sum(r["steps"]) for r in ranks)
-    judge_mem = ray.get(pool.judges[0].__ray_call__.remote(judge_memory)) if num_gpus and gpu_gib else {}
+    with pickled_by_value():
+        judge_mem = ray.get(pool.judges[0].__ray_call__.remote(judge_memory)) if gpu_gib else {}
     width = max(c["prompt_width"] for r in ranks for c in r["generate_calls"])
     plan = planned(cfg, gpu_gib, num_gpus, width)
     return summarize_case(cfg, plan, ranks, judge_mem, wall, train_seconds, num_gpus)
@@ -626,7 +637,8 @@ def format_report(res: dict[str, Any]) -> str:
             m, p = v["measured_bytes"], v["planned_bytes"]
             note = "exact" if m == p else f"DIFFERS by {m - p:+,} bytes" if m is not None else "not measured"
             lines.append(f"  {name:<40}{(m or 0) / GIB:>13.3f}{p / GIB:>13.3f}  {note}")
-        for name, m, p in c["rows"]:
+        for row in c["components"]:
+            name, m, p = row["name"], row["measured_gib"], row["planned_gib"]
             ratio = f"measured/planned {m / p:.2f}" if m is not None and p else ""
             lines.append(f"  {name:<40}{'-' if m is None else f'{m:.3f}':>13}{p:>13.3f}  {ratio}")
         m, p = c["measured_peak_gib"], c["planned_total_gib"]
@@ -728,8 +740,14 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.reward_pool import start_pool, stop_pool
     from pipeline.train import init_ray
 
+    init_ray(None, log=log)
     log(f"[gpu_check] random-init models ({mode.policy.source}, {mode.judge.source}) under {work}")
-    policy_dir, judge_dir = build_models(mode, work, "cuda" if on_gpu else "cpu", log)
+    if on_gpu:  # in a Ray task on one GPU that then exits: the driver keeps no CUDA context on the card
+        with pickled_by_value():
+            task = ray.remote(num_gpus=1, max_calls=1)(build_models)
+            policy_dir, judge_dir = ray.get(task.remote(mode, work.resolve(), "cuda", print))
+    else:
+        policy_dir, judge_dir = build_models(mode, work, "cpu", log)
     planner_max = None
     if on_gpu and not args.no_planner_max:
         cfg8 = case_config(mode, 8, "hf", policy_dir, judge_dir, work, num_gpus, on_gpu, steps, completion, args.overrides)
@@ -739,7 +757,6 @@ def main(argv: list[str] | None = None) -> int:
     if on_gpu and not vllm:
         notes.append("vLLM is not installed: HF generation only (./scripts/setup.sh vllm adds it)")
     cases = choose_cases(args.generations or mode.generations, planner_max, vllm)
-    init_ray(None, log=log)
     base_cfg = case_config(mode, cases[0].num_generations, "hf", policy_dir, judge_dir, work, num_gpus, on_gpu, steps,
                            completion, args.overrides)
     t0 = time.perf_counter()
@@ -772,7 +789,8 @@ def main(argv: list[str] | None = None) -> int:
             done.append(case)
         if time.perf_counter() - t_start < budget:
             batches = judge_batches(base_cfg.judge.max_batch_size, mode.judge_batches)
-            judge_res = ray.get(pool.judges[0].__ray_call__.remote(_judge_throughput, batches, 16))
+            with pickled_by_value():
+                judge_res = ray.get(pool.judges[0].__ray_call__.remote(_judge_throughput, batches, 16))
         else:
             notes.append("judge throughput skipped: the time budget was spent")
     finally:
