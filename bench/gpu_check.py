@@ -34,6 +34,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -596,6 +597,15 @@ def summarize_case(cfg, plan: M.MemoryPlan, ranks: list[dict], judge_mem: dict[s
     return out
 
 
+def case_json(c: Case) -> dict[str, Any]:
+    """One case as it appears in --json: the issue's keys first, then everything measured."""
+    return {"num_generations": c.num_generations, "backend": c.backend, "why": c.why, "status": c.status,
+            "reason": c.reason, "measured_peak_gib": c.result.get("measured_peak_gib"),
+            "planned_total_gib": c.result.get("planned_total_gib"), "sec_per_step": c.result.get("sec_per_step"),
+            **{k: v for k, v in c.result.items() if k != "rows"},
+            "components": [{"name": n, "measured_gib": m, "planned_gib": p} for n, m, p in c.result.get("rows", [])]}
+
+
 def run_case(case: Case, cfg, pool, gpu_gib: float | None, num_gpus: int, log) -> dict[str, Any]:
     import ray
 
@@ -677,7 +687,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--minutes", type=float, default=8.0, help="time budget; the largest cases are skipped first")
     ap.add_argument("--out", default="runs/gpu_check", help="results folder: gpu_check.json and gpu_check.txt")
-    ap.add_argument("--work", default=None, help="models and run directories (default: <out>/work; big on a GPU)")
+    ap.add_argument("--work", default=None, help="models (31 GB on a GPU, cached by shape) and run directories "
+                                                 "(default: synth-grpo-gpu-check in the temporary folder)")
     ap.add_argument("--generations", default=None, help="comma-separated num_generations (default 4,8,16 on a GPU, "
                                                           "2,4 on CPU); the planner's largest that fits is added on a GPU")
     ap.add_argument("--no-planner-max", action="store_true", help="do not add the planner's largest num_generations")
@@ -723,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or mode.steps
     completion = args.completion_length or mode.completion_length
     out = Path(args.out)
-    work = Path(args.work) if args.work else out / "work"
+    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "synth-grpo-gpu-check"
     out.mkdir(parents=True, exist_ok=True)
     gpu_gib = M.detect_gpu_gib() if on_gpu else None
     notes: list[str] = []
@@ -808,12 +819,7 @@ def main(argv: list[str] | None = None) -> int:
         "vllm": _version("vllm") if vllm else None,
         "policy": mode.policy.source, "judge_model": mode.judge.source,
         "budget_s": budget, "elapsed_s": time.perf_counter() - t_start,
-        "cases": [{"num_generations": c.num_generations, "backend": c.backend, "why": c.why, "status": c.status,
-                   "reason": c.reason, "measured_peak_gib": c.result.get("measured_peak_gib"),
-                   "planned_total_gib": c.result.get("planned_total_gib"), "sec_per_step": c.result.get("sec_per_step"),
-                   **{k: v for k, v in c.result.items() if k not in ("rows",)},
-                   "components": [{"name": n, "measured_gib": m, "planned_gib": p} for n, m, p in c.result.get("rows", [])]}
-                  for c in cases],
+        "cases": [case_json(c) for c in cases],
         "judge_throughput": judge_res,
         "exact_terms_ok": bool(ran) and all(c.result["exact_terms_ok"] for c in ran),
         "notes": notes,

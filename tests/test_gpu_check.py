@@ -106,7 +106,8 @@ def test_cuda_mode_without_a_gpu_exits_2(gc, tmp_path, capsys):
 def test_cpu_mode_end_to_end(gc, ray_local, tmp_path, capsys):
     """Two cases through Ray Train with the judge actor: tensor-counted terms equal the planner's bytes."""
     out = tmp_path / "out"
-    assert gc.main(["--device", "cpu", "--json", "--out", str(out)]) == 0
+    work = ["--work", str(tmp_path / "work")]
+    assert gc.main(["--device", "cpu", "--json", "--out", str(out), *work]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res == json.loads((out / "gpu_check.json").read_text())
     assert "exact_terms_ok: True" in (out / "gpu_check.txt").read_text()
@@ -126,8 +127,51 @@ def test_cpu_mode_end_to_end(gc, ray_local, tmp_path, capsys):
     assert j["one_pass_scores_per_s"] > 0 and j["generate_parse_scores_per_s"] > 0
 
     # A spent budget: every case is skipped and says why; nothing ran, so the exit code is 1.
-    assert gc.main(["--device", "cpu", "--json", "--out", str(out), "--minutes", "0.001"]) == 1
+    assert gc.main(["--device", "cpu", "--json", "--out", str(out), "--minutes", "0.001", *work]) == 1
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [c["status"] for c in res["cases"]] == ["skipped", "skipped"]
     assert all("time budget spent" in c["reason"] for c in res["cases"]) and not res["exact_terms_ok"]
     assert any("skipped for time" in n for n in res["notes"])
+
+
+def test_gpu_measurements_are_set_against_the_plan(gc, tmp_path):
+    """The CUDA rows (not reachable on CPU) from a worker's records: phase peaks above their start, new
+    gradients kept out of the training transient, the card's peak as the total, and the report renders."""
+    G = gc.GIB
+    cfg = gc.case_config(gc.gpu_mode(), 8, "hf", "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
+                         tmp_path, 1, True, 2, 256, [])
+    assert (cfg.optimization.per_device_train_batch_size, cfg.judge.placement, cfg.distributed.zero_stage) == (8, "same_gpu", 0)
+    assert cfg.distributed.gpus_per_worker + cfg.judge.gpus_per_actor == 1.0
+    plan = gc.planned(cfg, 139.8, 1, prompt_width=90)
+    assert plan.inputs["prompt_len"] == 90 and plan.inputs["completion_len"] == 256
+
+    def sample(start, peak, reserved, used, **kw):
+        return dict(start_allocated=start * G, peak_allocated=peak * G, peak_reserved=reserved * G,
+                    reserved=reserved * G, device_used=used * G, device_total=140 * G, device_peak=used * G, **kw)
+
+    exact = {t: round(plan.components[t] * G) for t in gc.EXACT_TERMS}
+    grads = exact["gradients"]
+    rank = {"rank": 0, "steps": [20.0, 6.0], **exact,
+            "generate_calls": [sample(20, 30, 33, 51, seconds=10.0, sequences=64, prompt_width=90, tokens=64 * 256,
+                                      max_completion=256)],
+            "gen": [sample(20, 31, 33, 51, seconds=12.0)],
+            "train": [dict(sample(20, 25 + grads / G, 34, 52, seconds=3.0), new_grads=grads),
+                      dict(sample(21, 24, 34, 53, seconds=3.0), new_grads=0)]}
+    res = gc.summarize_case(cfg, plan, [rank], {"peak_reserved": 16 * G}, wall=60.0, train_seconds=26.0, num_gpus=1)
+    m = res["measured"]
+    assert m["generation"] == pytest.approx(10) and m["generation_and_scoring"] == pytest.approx(11)
+    assert m["training"] == pytest.approx(5)  # 5 GiB above the start, the new gradients not counted
+    assert m["allocator_slack"] == pytest.approx(34 - 31)  # largest reserved - largest allocated
+    assert m["cuda_contexts"] == pytest.approx(51 - 33 - 16)
+    assert res["measured_peak_gib"] == pytest.approx(53)
+    assert res["sec_per_step"] == 13.0 and res["generated_tokens_per_s"] == pytest.approx(64 * 256 / 10)
+    assert res["exact_terms_ok"] and res["planned_total_gib"] == pytest.approx(plan.total_gib)
+
+    case = gc.Case(8, status="ok", result=res)
+    out = gc.case_json(case)
+    assert {"num_generations", "measured_peak_gib", "planned_total_gib", "sec_per_step"} <= set(out)
+    assert [c["name"] for c in out["components"]][:2] == ["generation (kv cache + transient)", "training (activations + logits)"]
+    text = gc.format_report({"device": "GPU", "num_gpus": 1, "torch": "x", "trl": "y", "vllm": None, "policy": "p",
+                             "judge_model": "j", "cases": [out, gc.case_json(gc.Case(64, status="skipped", reason="r"))],
+                             "judge_throughput": None, "exact_terms_ok": True, "elapsed_s": 1, "budget_s": 480, "notes": []})
+    assert "measured/planned" in text and "53.000" in text and "SKIPPED: r" in text
