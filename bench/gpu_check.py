@@ -633,7 +633,7 @@ def run_case(case: Case, cfg, pool, gpu_gib: float | None, num_gpus: int, log) -
 
 
 def format_report(res: dict[str, Any]) -> str:
-    lines = [f"gpu_check on {res['device']}: {res['num_gpus']} device(s), torch {res['torch']}, TRL {res['trl']}, "
+    lines = [f"gpu_check on {res['device']}: {res['num_gpus'] or 'no'} GPU(s), torch {res['torch']}, TRL {res['trl']}, "
              f"vLLM {res['vllm'] or 'not installed'}; policy {res['policy']}, judge {res['judge_model']} (random init)"]
     for c in res["cases"]:
         head = f"num_generations {c['num_generations']} ({c['backend']}{', ' + c['why'] if c.get('why') else ''})"
@@ -645,7 +645,8 @@ def format_report(res: dict[str, Any]) -> str:
                   f"  {'component':<40}{'measured GiB':>13}{'planned GiB':>13}  note"]
         for name, v in c["exact_terms"].items():
             m, p = v["measured_bytes"], v["planned_bytes"]
-            note = "exact" if m == p else f"DIFFERS by {m - p:+,} bytes" if m is not None else "not measured"
+            note = (f"exact ({m:,} bytes)" if m == p else f"DIFFERS: {m:,} vs {p:,} bytes" if m is not None
+                    else "not measured")
             lines.append(f"  {name:<40}{(m or 0) / GIB:>13.3f}{p / GIB:>13.3f}  {note}")
         for row in c["components"]:
             name, m, p = row["name"], row["measured_gib"], row["planned_gib"]
