@@ -513,6 +513,13 @@ def batch_for_generations(x: _Inputs, g: int, g0: int, b0: int) -> int:
     return b
 
 
+def scaled_batch(cfg: RunConfig, num_generations: int, num_gpus: int | None = None) -> int:
+    """The per-device batch `synth-grpo plan`'s sweep uses for `num_generations`: the config's prompts per
+    round kept, rounded up to TRL's divisibility rule (bench/gpu_check.py runs exactly these batches)."""
+    x = _inputs(cfg, None, num_gpus)
+    return batch_for_generations(x, num_generations, x.num_generations, x.batch)
+
+
 def _max_generations(x: _Inputs) -> int:
     """Largest g whose scaled batch fits; stops once even the unrounded batch b0*g/g0 does not fit."""
     best = 0

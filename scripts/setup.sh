@@ -3,16 +3,34 @@
 # machine without a GPU gets the CPU build (a bare `torch` requirement pulls a multi-GB CUDA build).
 # Set TORCH_INDEX_URL (for example https://download.pytorch.org/whl/cpu) where the CPU wheel is not
 # already on the machine's package index.
+#
+# On a machine where nvidia-smi finds a GPU, torch comes from PyTorch's CUDA index instead: cu130 for a
+# driver that supports CUDA 13, else cu128, else cu126 (TORCH_CUDA=cu128 or TORCH_INDEX_URL overrides).
+# Extras: ./scripts/setup.sh test | vllm | test,vllm. The vllm extra needs a GPU; vLLM pins the CUDA
+# torch it was built against, so with it that torch is installed instead of the pinned one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+wants_vllm=0
+case ",$extras," in *,vllm,*) wants_vllm=1 ;; esac
+if [ "$wants_vllm" = 1 ] && ! has_gpu; then
+  echo "setup.sh: the vllm extra needs an NVIDIA GPU (nvidia-smi finds none); vLLM would pull a multi-GB CUDA torch" >&2
+  exit 2
+fi
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip wheel setuptools
 if python -c "import torch" 2>/dev/null; then
   :
-elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+elif [ "$wants_vllm" = 1 ]; then
+  pip install -q "trl[vllm]>=1.0"  # vLLM and the CUDA torch it pins
+elif has_gpu; then
+  cuda="$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\.\([0-9]*\).*/\1\2/p' | head -n1 || true)"
+  if [ -z "${TORCH_CUDA:-}" ]; then
+    if [ "${cuda:-0}" -ge 130 ]; then TORCH_CUDA=cu130; elif [ "${cuda:-0}" -ge 128 ]; then TORCH_CUDA=cu128; else TORCH_CUDA=cu126; fi
+  fi
+  pip install -q "torch==${TORCH_VERSION:-2.13.0}" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/$TORCH_CUDA}"
 else
   pip install -q "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
