@@ -352,8 +352,9 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
 
 
 def tune_cli(cfg: RunConfig, args) -> int:
+    from pipeline.data import DataError, check_source
     from pipeline.reward_pool import RewardPoolError
-    from pipeline.train import init_ray
+    from pipeline.train import RayUnreachable, init_ray
 
     if args.samples is not None and args.samples < 1:
         print(f"synth-grpo tune: --samples {args.samples}: must be >= 1", file=sys.stderr)
@@ -376,7 +377,12 @@ def tune_cli(cfg: RunConfig, args) -> int:
         print(f"synth-grpo tune: --resume: no search at {exp_dir} (it is found through --config's output.root and --name)",
               file=sys.stderr)
         return 2
-    init_ray(args.address)
+    try:
+        check_source(cfg.data)
+        init_ray(args.address)
+    except (DataError, RayUnreachable) as e:
+        print(f"synth-grpo tune: {e}", file=sys.stderr)
+        return 2
     try:
         outcome = run_search(cfg, space, name=name, samples=args.samples, resume=args.resume)
     except RewardPoolError as e:
