@@ -643,6 +643,9 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
         vals = h.values(key)
         if vals:
             out.append(f"| `{key}` | {vals[0]:.4g} | {vals[-1]:.4g} | {min(vals):.4g} | {max(vals):.4g} |")
+    from pipeline.eval_samples import report_section
+
+    out += report_section(run.path)
     if plots:
         out += ["", "## Plots", ""]
         out += [f"![{name}]({p.name})" for name, p in plots.items()]

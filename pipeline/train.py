@@ -63,6 +63,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as RayRunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from pipeline.console import ray_logging_config
     from pipeline.worker import train_loop_per_worker
 
     d = cfg.distributed
@@ -80,6 +81,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.output.checkpoints_kept),
             failure_config=FailureConfig(max_failures=d.max_failures),
             callbacks=list(extra_callbacks),
+            logging_config=ray_logging_config(cfg.logging.console),
         ),
     )
 
@@ -170,8 +172,11 @@ def train_cli(cfg: RunConfig, args) -> int:
     resumed = prepare_run_dir(cfg, run_dir)
     print(f"[run] {'resuming' if resumed else 'starting'} {run_dir}")
     init_ray(args.address)
+    from pipeline.console import watch
+
     try:
-        outcome = run_training(cfg, run_dir)
+        with watch(run_dir, cfg.logging.console, cfg.optimization.max_steps, live=cfg.logging.progress_bar):
+            outcome = run_training(cfg, run_dir)
     except RewardPoolError as e:
         print(f"synth-grpo train: {e}\ncheckpoints so far are kept in {run_dir / RAY_TRAIN_DIR}", file=sys.stderr)
         return 1

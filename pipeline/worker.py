@@ -201,6 +201,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import torch
 
+    from pipeline.console import RunEvents, quiet_worker
     from pipeline.data import load_records
     from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl
@@ -213,21 +214,25 @@ def train_loop_per_worker(config: dict) -> None:
     rank = ray.train.get_context().get_world_rank()
     is_rank0 = rank == 0
     log = print if is_rank0 else None
+    say = log if cfg.logging.console == "verbose" else None  # otherwise the driver's console shows events.jsonl
     on_gpu = cfg.distributed.use_gpu and torch.cuda.is_available()
     torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
 
     train_recs, eval_recs, _ = load_records(cfg.data, log=log)
     tokenizer, model, eos_ids = load_policy(cfg, on_gpu)
-    length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=log)
+    length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=say)
     self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens) if cfg.judge.backend == "self" else None
     funcs, weights = make_pool_reward_funcs(pool, cfg, eos_ids, lambda: length_ctl.current, self_judge)
 
     metrics = MetricsSink(run_dir, cfg.output.run_name or run_dir.name, cfg.logging.ray_metrics)
     samples = SamplesWriter(run_dir, cfg.logging.samples_every, cfg.logging.num_samples)
     evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=ray.train.report)
-    health = HealthCallback(config=cfg, print_fn=log or (lambda _msg: None))
-    callbacks = [length_ctl, samples, health, metrics, RayTrainReporter(), evaluator]
+    health = HealthCallback(config=cfg, print_fn=say or (lambda _msg: None))
+    evaluator.samples_path = run_dir / "eval_samples.jsonl" if is_rank0 else None
+    events = RunEvents(run_dir, length_ctl, health)
+    callbacks = [length_ctl, samples, health, events, metrics, RayTrainReporter(), evaluator]
     trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0)
+    quiet_worker(trainer, cfg.logging.console)
     length_ctl.bind(trainer)
     samples.trainer = evaluator.trainer = trainer
     if self_judge is not None:
@@ -240,12 +245,13 @@ def train_loop_per_worker(config: dict) -> None:
         step = json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]
         _restore_length_state(run_dir, step, length_ctl, truncate=is_rank0)
         if is_rank0:
-            log(f"[resume] from checkpoint at step {step}")
+            if say:
+                say(f"[resume] from checkpoint at step {step}")
             with (run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"event": "resume", "step": step, "time": time.time()}) + "\n")
     elif is_rank0:
         # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
-        for name in ("metrics.jsonl", "samples.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", "eval_samples.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
     if step >= cfg.optimization.max_steps:
         trainer._load_from_checkpoint(resume_from)  # finished already: only the adapter is left to write
