@@ -176,16 +176,18 @@ class ConsoleRenderer:
 
 
 class JsonlTail:
-    """New complete rows of a JSONL file since the last call; follows a file rewritten shorter
-    (a resume truncates it) or replaced (a fresh start deletes it) without repeating rows."""
+    """New complete rows of a JSONL file since the last call; follows a file rewritten (a resume
+    drops the rows past its checkpoint) or replaced (a fresh start deletes it) without repeating rows."""
+
+    MARK = 64  # bytes before the offset that must be unchanged for the file to be the one read so far
 
     def __init__(self, path: Path, from_end: bool = True):
         self.path = path
-        self.offset, self.inode, self.seen = 0, None, set()
+        self.offset, self.inode, self.mark, self.seen = 0, None, b"", set()
         if from_end and path.exists():  # rows of an earlier attempt are not news
-            st = path.stat()
-            self.offset, self.inode = st.st_size, st.st_ino
-            self.seen = {self._key(r) for r in self._parse(path.read_bytes())[0]}
+            data = path.read_bytes()
+            self.offset, self.inode, self.mark = len(data), path.stat().st_ino, data[-self.MARK:]
+            self.seen = {self._key(r) for r in self._parse(data)[0]}
 
     @staticmethod
     def _key(row: Mapping[str, Any]) -> str:
@@ -211,14 +213,16 @@ class JsonlTail:
             st = self.path.stat()
         except OSError:
             return []
-        if st.st_ino != self.inode or st.st_size < self.offset:
-            self.offset, self.inode = 0, st.st_ino
-        if st.st_size == self.offset:
-            return []
         with self.path.open("rb") as f:
-            f.seek(self.offset)
-            rows, used = self._parse(f.read())
-        self.offset += used
+            f.seek(self.offset - len(self.mark))
+            if st.st_ino != self.inode or f.read(len(self.mark)) != self.mark:
+                self.offset, self.inode, self.mark = 0, st.st_ino, b""  # rewritten: read it again, skip rows seen
+                f.seek(0)
+            data = f.read()
+        rows, used = self._parse(data)
+        if used:
+            self.mark = (self.mark + data[:used])[-self.MARK:]
+            self.offset += used
         fresh = []
         for r in rows:
             k = self._key(r)

@@ -1,0 +1,201 @@
+"""The run's console: the renderer and file tail on their own, the tune trial board, and a real
+captured `synth-grpo train` whose console shows every event and none of the per-step dicts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, load_config
+from pipeline.console import ConsoleRenderer, JsonlTail, TrialBoard, format_event, poll_run, table_every
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def train_row(step: int, **kw) -> dict:
+    return {"step": step, "loss": 0.1, "reward": 0.5 + step / 100, "rewards/judge/mean": 0.4, "entropy": 2.0,
+            "completions/clipped_ratio": 0.25, "completions/mean_length": 9.5, "generation/max_completion_length": 16, **kw}
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 2.0  # two seconds per row
+        return self.t
+
+
+def test_table_every_gives_about_fifteen_rows():
+    assert [table_every(n) for n in (5, 30, 300, 2000, 18000)] == [1, 2, 20, 100, 1000]
+
+
+def test_plain_console_without_terminal_table_and_events_no_frames():
+    out = io.StringIO()
+    r = ConsoleRenderer("progress", 30, out, tty=False, clock=Clock())
+    r.row({"step": 0, "eval/score": 0.41, "eval/rouge_l": 0.3, "eval/eos_rate": 0.5, "eval/mean_length": 12.0})
+    for s in range(1, 31):
+        r.row(train_row(s))
+        if s == 12:
+            r.event({"event": "length_cap", "step": 12, "old": 8, "new": 16, "why": "clipped ratio outside [0.05, 0.2]"})
+    r.row({"step": 30, "train_runtime": 10.0, "train_loss": 0.2})  # the trainer's summary row: not a step
+    r.close()
+    text = out.getvalue()
+    assert "\r" not in text and "\033" not in text
+    lines = text.splitlines()
+    assert lines[0] == "[eval] step 0: eval/score 0.410 (rouge_l 0.300, eos_rate 0.500, mean length 12.0)"
+    rows = [ln for ln in lines if ln.lstrip()[:1].isdigit()]
+    assert [ln.split()[0] for ln in rows] == [f"{s}/30" for s in range(2, 31, 2)]  # every 2 logged steps
+    assert rows[-1].split()[1] == "0.800" and rows[-1].split()[-1] == "2.00"  # reward, s/step
+    assert "[length] step 12: max_completion_length 8 -> 16 (clipped ratio outside [0.05, 0.2])" in lines
+    assert lines.index("[length] step 12: max_completion_length 8 -> 16 (clipped ratio outside [0.05, 0.2])") \
+        == lines.index(next(ln for ln in rows if ln.startswith("12/30"))) + 1
+    assert len(lines) == 1 + 1 + 15 + 1  # eval, header, 15 rows, event
+
+
+def test_live_line_on_a_terminal_is_cleared_before_each_plain_line():
+    out = io.StringIO()
+    r = ConsoleRenderer("progress", 10, out, tty=True, clock=Clock())
+    for s in range(1, 5):
+        r.row(train_row(s))
+    r.event({"event": "checkpoint", "step": 4, "name": "checkpoint-000004"})
+    r.close()
+    text = out.getvalue()
+    frames = text.split("\r\033[K")
+    assert "step 4/10 | reward 0.540 | eval/score - | entropy 2.000 | clipped 0.25 | cap 16 | 2.00 s/step | ETA 12s" in frames
+    assert "[checkpoint] step 4: checkpoint-000004\n" in frames
+    assert text.endswith("\r\033[K")  # closed: no half-drawn frame left behind
+    assert ConsoleRenderer("table", 10, io.StringIO(), tty=True).live is False
+
+
+def test_json_mode_one_line_per_row_and_event():
+    out = io.StringIO()
+    r = ConsoleRenderer("json", 10, out, tty=True)
+    r.row(train_row(1))
+    r.event({"event": "resume", "step": 4})
+    assert [json.loads(x) for x in out.getvalue().splitlines()] == [train_row(1), {"event": "resume", "step": 4}]
+
+
+def test_tail_follows_resume_truncation_and_fresh_start(tmp_path):
+    metrics, events = tmp_path / "metrics.jsonl", tmp_path / "events.jsonl"
+    metrics.write_text(json.dumps({"step": 1, "reward": 0.1}) + "\n")  # an earlier attempt's row
+    mt, et = JsonlTail(metrics), JsonlTail(events)
+    assert poll_run(mt, et) == []
+    with metrics.open("a") as f:
+        f.write(json.dumps({"step": 2, "reward": 0.2}) + "\n" + '{"step": 3, "rew')  # a row half written
+    events.write_text(json.dumps({"event": "checkpoint", "step": 2}) + "\n")
+    assert poll_run(mt, et) == [("row", {"step": 2, "reward": 0.2}), ("event", {"event": "checkpoint", "step": 2})]
+    with metrics.open("a") as f:
+        f.write('ard": 0.3}\n')
+    assert poll_run(mt, et) == [("row", {"step": 3, "reward": 0.3})]
+    # resume: rows past the checkpoint dropped (file rewritten shorter), then training goes on
+    metrics.write_text(json.dumps({"step": 1, "reward": 0.1}) + "\n" + json.dumps({"step": 2, "reward": 0.2}) + "\n")
+    with metrics.open("a") as f:
+        f.write(json.dumps({"step": 3, "reward": 0.35}) + "\n")
+    assert poll_run(mt, et) == [("row", {"step": 3, "reward": 0.35})]
+    metrics.unlink()  # a fresh start deletes the file
+    metrics.write_text(json.dumps({"step": 1, "reward": 0.9}) + "\n")
+    assert poll_run(mt, et) == [("row", {"step": 1, "reward": 0.9})]
+
+
+def test_trial_board_lines_and_table():
+    out = io.StringIO()
+    board = TrialBoard(lambda p: f"lr={p['lr']}", "progress", out, tty=False, every_s=60, clock=Clock())
+    board.start("t1", {"lr": 1e-5})
+    board.start("t2", {"lr": 3e-5})
+    board.result("t1", {"step": 10, "eval/score": 0.45})
+    board.complete("t2", failed="ValueError: boom")
+    board.complete("t1")
+    for _ in range(30):
+        board.tick()
+    lines = out.getvalue().splitlines()
+    assert lines[:5] == ["[trial] t1 started: lr=1e-05", "[trial] t2 started: lr=3e-05",
+                         "[trial] t1 step 10: eval/score 0.450", "[trial] t2 failed: ValueError: boom",
+                         "[trial] t1 finished at step 10: eval/score 0.450"]
+    table = lines[5:]
+    assert table[0].split() == ["trial", "params", "step", "eval/score", "state"]
+    assert table[1].split() == ["t1", "lr=1e-05", "10", "0.450", "finished"]
+    assert table[2].split() == ["t2", "lr=3e-05", "-", "-", "error"]
+    assert len(table) == 3  # printed once: nothing changed after
+
+
+def test_console_field_validated():
+    assert load_config(None, ["logging.console=table"]).logging.console == "table"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["logging.console=quiet"])
+    assert any(p.startswith("logging.console: 'quiet' is not one of progress, table, json, verbose") for p in e.value.problems)
+
+
+# ---------------------------------------------------------------- a real captured run
+
+
+def run_cli(tmp_path: Path, policy: Path, name: str, console: str, report_to: list[str]) -> subprocess.CompletedProcess:
+    data = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
+    data["model"]["name_or_path"] = str(policy)
+    data["generation"].update(max_completion_length=8, length_schedule=[[4, 12]])
+    data["optimization"].update(max_steps=10)
+    data["eval"].update(num_prompts=4, every_steps=5)
+    data["output"].update(save_steps=5, root=str(tmp_path), run_name=name)
+    data["logging"].update(console=console, report_to=report_to, samples_every=5)
+    data["distributed"]["max_failures"] = 0
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    return subprocess.run([sys.executable, "-m", "pipeline", "train", "--config", str(path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy):
+    """The tiny policy that never stops (EOS moved away): the cap schedule changes at step 4, the
+    health rule never_stops fires at step 10, evaluations at 0, 5, 10, checkpoints at 5, 10."""
+    from tests.test_train_ray import never_stopping_policy
+
+    policy = never_stopping_policy(tiny_policy, tmp_path / "never-stops")
+    res = run_cli(tmp_path, policy, "watch", "progress", ["tensorboard"])
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    lines = out.splitlines()
+    assert "\r" not in out  # not a terminal: plain lines only
+    assert "Reporting training result" not in out  # Ray Train's per-report lines
+    assert not any("{'loss'" in ln or "'reward':" in ln or '"reward":' in ln for ln in lines)  # TRL's per-step dicts
+    assert "[length] step 4: max_completion_length 8 -> 12 (schedule)" in lines
+    assert any(ln.startswith("[health] [never_stops] step 10:") for ln in lines)
+    for step in (0, 5, 10):
+        assert any(ln.startswith(f"[eval] step {step}: eval/score ") for ln in lines), step
+    for step in (5, 10):
+        assert f"[checkpoint] step {step}: checkpoint-{step:06d}" in lines
+    assert [ln.split()[0] for ln in lines if ln.split() and ln.split()[0].endswith("/10")] == [f"{s}/10" for s in range(1, 11)]
+    assert len(lines) < 60, out
+
+    run_dir = tmp_path / "watch"
+    # every evaluation's answers with their component scores ...
+    answers = [json.loads(x) for x in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
+    assert sorted({a["step"] for a in answers}) == [0, 5, 10] and len(answers) == 12
+    assert all(set(a["scores"]) == {"rouge_l", "length", "judge", "eos"} and not a["ended_with_eos"] for a in answers)
+    # ... the best and worst of the first and last in the doctor's report ...
+    from pipeline.doctor import doctor
+
+    report = doctor(run_dir, plots=False)[2].read_text()
+    section = report.split("## Held-out samples")[1]
+    assert "### Step 0 (4 answers" in section and "### Step 10 (4 answers" in section and "### Step 5" not in section
+    best = max((a for a in answers if a["step"] == 10), key=lambda a: a["score"])
+    assert f"| best | {best['score']:.3f} | {best['scores']['rouge_l']:.3f} |" in section
+    # ... and as TensorBoard text
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdirs = {p.parent for p in (run_dir / "trainer").rglob("events.out.tfevents.*")}
+    tags = {}
+    for d in logdirs:
+        acc = EventAccumulator(str(d), size_guidance={"tensors": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("tensors", []):
+            tags.setdefault(tag, []).extend(e.step for e in acc.Tensors(tag))
+    assert sorted(tags.get("eval/samples/text_summary", [])) == [0, 5, 10]
