@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -336,8 +337,16 @@ def quiet_worker(trainer, mode: str) -> None:
 
 
 def ray_logging_config(mode: str):
-    """Ray Train's supported log level for its own ``ray.train`` loggers: WARNING outside verbose."""
+    """Ray Train's supported log level for its own ``ray.train`` loggers: WARNING outside verbose.
+
+    Outside verbose it also turns off Ray Train's print patch (``RAY_TRAIN_ENABLE_PRINT_PATCH``,
+    which Ray Train propagates from the driver to its workers): in a Ray worker the patch prints
+    every line twice, once itself and once through the root logger's console handler. An explicit
+    setting in the environment wins."""
     from ray.train import LoggingConfig
+
+    if mode != "verbose":
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
 
     return LoggingConfig(log_level="INFO" if mode == "verbose" else "WARNING")
 

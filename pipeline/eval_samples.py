@@ -39,14 +39,14 @@ def write(path: Path, rows: list[dict[str, Any]]) -> None:
 def by_evaluation(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
     """step -> that evaluation's answers; a step evaluated again after a resume keeps its last answers."""
     out: dict[int, list[Mapping[str, Any]]] = {}
-    last = None
+    last, ids = None, set()
     for r in rows:
         step = r.get("step")
         if not isinstance(step, int) or "score" not in r:
             continue
-        if step != last:
-            out[step] = []  # a new block (and a repeated step starts over)
-            last = step
+        if step != last or r.get("prompt") in ids:  # a new evaluation (a prompt again: the step evaluated anew)
+            out[step], last, ids = [], step, set()
+        ids.add(r.get("prompt"))
         out[step].append(r)
     return out
 

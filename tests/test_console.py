@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, load_config
+from pipeline.run_callbacks import read_metrics
 from pipeline.console import ConsoleRenderer, JsonlTail, TrialBoard, format_event, poll_run, table_every
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,16 +167,25 @@ def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy)
     assert "\r" not in out  # not a terminal: plain lines only
     assert "Reporting training result" not in out  # Ray Train's per-report lines
     assert not any("{'loss'" in ln or "'reward':" in ln or '"reward":' in ln for ln in lines)  # TRL's per-step dicts
-    assert "[length] step 4: max_completion_length 8 -> 12 (schedule)" in lines
-    assert any(ln.startswith("[health] [never_stops] step 10:") for ln in lines)
-    for step in (0, 5, 10):
-        assert any(ln.startswith(f"[eval] step {step}: eval/score ") for ln in lines), step
+    run_dir = tmp_path / "watch"
+    # every cap change, finding, evaluation and checkpoint the run recorded is on the console
+    changes = json.loads((run_dir / "length_changes.json").read_text())
+    assert [c[1:] for c in changes] == [[8, 12]]  # the schedule's one change
+    for step, old, new in changes:
+        assert f"[length] step {step}: max_completion_length {old} -> {new} (schedule)" in lines
+    findings = json.loads((run_dir / "health.json").read_text())
+    assert "never_stops" in {f["rule"] for f in findings}
+    for f in findings:
+        assert f"[health] [{f['rule']}] step {f['first_step']}: {f['summary']}" in lines
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/score" in r]
+    assert [r["step"] for r in evals] == [0, 5, 10]
+    for r in evals:
+        assert any(ln.startswith(f"[eval] step {r['step']}: eval/score {r['eval/score']:.3f} (") for ln in lines)
     for step in (5, 10):
         assert f"[checkpoint] step {step}: checkpoint-{step:06d}" in lines
     assert [ln.split()[0] for ln in lines if ln.split() and ln.split()[0].endswith("/10")] == [f"{s}/10" for s in range(1, 11)]
     assert len(lines) < 60, out
 
-    run_dir = tmp_path / "watch"
     # every evaluation's answers with their component scores ...
     answers = [json.loads(x) for x in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
     assert sorted({a["step"] for a in answers}) == [0, 5, 10] and len(answers) == 12
@@ -199,3 +209,28 @@ def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy)
         for tag in acc.Tags().get("tensors", []):
             tags.setdefault(tag, []).extend(e.step for e in acc.Tensors(tag))
     assert sorted(tags.get("eval/samples/text_summary", [])) == [0, 5, 10]
+
+
+def test_report_samples_best_and_worst_of_first_and_last_evaluation(tmp_path):
+    from pipeline import eval_samples
+
+    w = {"rouge_l": 0.4, "length": 0.1, "judge": 0.4, "eos": 0.1}
+    recs = [{"id": i, "question": f"Frage {i}?", "reference": f"Antwort {i}."} for i in range(5)]
+
+    def evaluation(step, base):
+        scores = {c: [base + i / 10 for i in range(5)] for c in ("rouge_l", "length", "judge", "eos")}
+        return eval_samples.eval_rows(step, recs, [f"a{step}-{i} | x" for i in range(5)], [i % 2 == 0 for i in range(5)], scores, w)
+
+    path = tmp_path / eval_samples.FILE
+    for step, base in ((0, 0.0), (5, 0.2), (10, 0.1), (10, 0.3)):  # step 10 evaluated again after a resume
+        eval_samples.write(path, evaluation(step, base))
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert rows[1]["score"] == pytest.approx(0.4 * 0.1 + 0.1 * 0.1 + 0.4 * 0.1 + 0.1 * 0.0)  # EOS term: did it stop
+    md = "\n".join(eval_samples.report_section(tmp_path))
+    assert "### Step 0 (5 answers, mean score" in md and "### Step 10 (5 answers" in md and "### Step 5" not in md
+    step10 = md.split("### Step 10")[1].splitlines()
+    best = [ln for ln in step10 if ln.startswith("| best")]
+    worst = [ln for ln in step10 if ln.startswith("| worst")]
+    assert len(best) == 2 and len(worst) == 2
+    assert best[0].startswith("| best | 0.730 | 0.700 | 0.700 | 0.700 | 0.700 | yes | Frage 4? | a10-4 \\| x | Antwort 4. |")
+    assert worst[0].startswith("| worst | 0.360 | 0.400 | ")  # the resumed evaluation's answers, not the first
