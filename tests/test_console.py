@@ -234,3 +234,58 @@ def test_report_samples_best_and_worst_of_first_and_last_evaluation(tmp_path):
     assert len(best) == 2 and len(worst) == 2
     assert best[0].startswith("| best | 0.730 | 0.700 | 0.700 | 0.700 | 0.700 | yes | Frage 4? | a10-4 \\| x | Antwort 4. |")
     assert worst[0].startswith("| worst | 0.360 | 0.400 | ")  # the resumed evaluation's answers, not the first
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("console", ["verbose", "table"])
+def test_console_field_decides_whether_the_trainer_prints_step_dicts(tmp_path, tiny_policy, capfd, console):
+    """logging.console reaches the run: a real GRPOTrainer (in process, 2 steps) prints TRL's
+    per-step dicts only in verbose mode; otherwise quiet_worker removed the printers."""
+    from pipeline.console import quiet_worker
+    from pipeline.data import load_records
+    from pipeline.reward_clients import eos_kwargs
+    from pipeline.worker import build_grpo_trainer, load_policy
+    from rewards.trl_rewards import make_reward_funcs
+
+    cfg = load_config(None, [f"logging.console={console}", "logging.progress_bar=false", "optimization.max_steps=2",
+                             "generation.max_completion_length=8", "output.save_steps=1000",
+                             "rewards.weights={rouge_l: 0.5, length: 0.5, judge: 0, eos: 1}"])
+    train, _, _ = load_records(cfg.data, log=None)
+    tokenizer, model, eos_ids = load_policy(cfg, on_gpu=False)
+    funcs, weights = make_reward_funcs(cfg.rewards.weights, None, eos_ids, lambda: 8, eos_kwargs(cfg))
+    trainer = build_grpo_trainer(cfg, tmp_path, tokenizer, model, train, funcs, weights, [])
+    quiet_worker(trainer, cfg.logging.console)
+    capfd.readouterr()
+    trainer.train()
+    out = capfd.readouterr().out
+    dicts = [ln for ln in out.splitlines() if ln.startswith("{") and "'reward'" in ln]
+    assert len(dicts) == (2 if console == "verbose" else 0), out[-2000:]
+
+
+def _trial(config):
+    from ray import tune
+
+    for step in (1, 2):
+        tune.report({"eval/score": config["x"] * step, "step": step})
+
+
+@pytest.mark.slow
+def test_trial_board_fed_by_a_real_tune_run(ray_local, tmp_path):
+    """The Tune callback's hooks, driven by Ray Tune itself: start, each result, finish, a table."""
+    from ray import tune
+
+    from pipeline.console import tune_console_callback
+
+    out = io.StringIO()
+    board = TrialBoard(lambda p: f"x={p['x']}", "table", out, every_s=0)
+    tuner = tune.Tuner(tune.with_resources(_trial, {"CPU": 0.1}), param_space={"x": tune.grid_search([0.1, 0.2])},
+                       run_config=tune.RunConfig(storage_path=str(tmp_path), callbacks=[tune_console_callback(board)],
+                                                 verbose=0))
+    tuner.fit()
+    lines = out.getvalue().splitlines()
+    events = [ln for ln in lines if ln.startswith("[trial]")]
+    assert sum("started: x=0.1" in ln for ln in events) == 1 and sum("started: x=0.2" in ln for ln in events) == 1
+    assert sum(ln.endswith("eval/score 0.400") and "finished at step 2" in ln for ln in events) == 1
+    assert len([ln for ln in events if " step " in ln and "finished" not in ln]) == 4  # two results per trial
+    assert sorted(board.trials[t]["state"] for t in board.trials) == ["finished", "finished"]
+    assert any(ln.split()[:5] == ["trial", "params", "step", "eval/score", "state"] for ln in lines)
