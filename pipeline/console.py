@@ -336,17 +336,29 @@ def quiet_worker(trainer, mode: str) -> None:
         logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
 
 
-def ray_logging_config(mode: str):
-    """Ray Train's supported log level for its own ``ray.train`` loggers: WARNING outside verbose.
+QUIET_ENV = {
+    # Ray Train propagates it from the driver to its workers: in a Ray worker the print patch
+    # prints every line twice, once itself and once through the root logger's console handler.
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # transformers' "Loading weights" and datasets' bars in every actor (inherited by a local Ray's workers)
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+}
 
-    Outside verbose it also turns off Ray Train's print patch (``RAY_TRAIN_ENABLE_PRINT_PATCH``,
-    which Ray Train propagates from the driver to its workers): in a Ray worker the patch prints
-    every line twice, once itself and once through the root logger's console handler. An explicit
-    setting in the environment wins."""
+
+def quiet_environment(mode: str) -> None:
+    """Outside verbose, before Ray starts: the environment that keeps workers from printing twice
+    and from drawing progress bars. An explicit setting in the environment wins."""
+    if mode != "verbose":
+        for k, v in QUIET_ENV.items():
+            os.environ.setdefault(k, v)
+
+
+def ray_logging_config(mode: str):
+    """Ray Train's supported log level for its own ``ray.train`` loggers: WARNING outside verbose."""
     from ray.train import LoggingConfig
 
-    if mode != "verbose":
-        os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    quiet_environment(mode)
 
     return LoggingConfig(log_level="INFO" if mode == "verbose" else "WARNING")
 

@@ -171,8 +171,10 @@ def train_cli(cfg: RunConfig, args) -> int:
             pass
     resumed = prepare_run_dir(cfg, run_dir)
     print(f"[run] {'resuming' if resumed else 'starting'} {run_dir}")
+    from pipeline.console import quiet_environment, watch
+
+    quiet_environment(cfg.logging.console)
     init_ray(args.address)
-    from pipeline.console import watch
 
     try:
         with watch(run_dir, cfg.logging.console, cfg.optimization.max_steps, live=cfg.logging.progress_bar):

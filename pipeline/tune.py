@@ -394,6 +394,9 @@ def tune_cli(cfg: RunConfig, args) -> int:
         print(f"synth-grpo tune: --resume: no search at {exp_dir} (it is found through --config's output.root and --name)",
               file=sys.stderr)
         return 2
+    from pipeline.console import quiet_environment
+
+    quiet_environment(cfg.logging.console)
     init_ray(args.address)
     try:
         outcome = run_search(cfg, space, name=name, samples=args.samples, resume=args.resume)
