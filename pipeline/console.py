@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TextIO
 
@@ -326,6 +327,8 @@ def quiet_worker(trainer, mode: str) -> None:
 
     for cb in (ProgressCallback, PrinterCallback):
         trainer.remove_callback(cb)
+    # transformers' own deprecated alias, read by the save path at every checkpoint: nothing here to change
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     with contextlib.suppress(Exception):
         import datasets
 

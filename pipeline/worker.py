@@ -79,7 +79,7 @@ def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: boo
         seed=o.seed,
         data_seed=o.seed,
         use_cpu=not on_gpu,
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        activation_checkpointing=cfg.model.gradient_checkpointing,  # transformers 5's name (the old one warns)
         logging_steps=lg.logging_steps,
         save_strategy="steps",
         save_steps=cfg.output.save_steps,

@@ -184,7 +184,10 @@ def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy)
     for step in (5, 10):
         assert f"[checkpoint] step {step}: checkpoint-{step:06d}" in lines
     assert [ln.split()[0] for ln in lines if ln.split() and ln.split()[0].endswith("/10")] == [f"{s}/10" for s in range(1, 11)]
-    assert len(lines) < 60, out
+    # Ray Train's controller actors print warnings with tracebacks when the machine is overloaded or
+    # runs several Ray instances (a shared CI box); they are not the pipeline's output.
+    ours = [ln for ln in lines if "(TrainController pid=" not in ln and "(PlacementGroupCleaner pid=" not in ln]
+    assert len(ours) < 60, out
 
     # every evaluation's answers with their component scores ...
     answers = [json.loads(x) for x in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
