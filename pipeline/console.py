@@ -451,25 +451,30 @@ def tune_console_callback(board: TrialBoard):
     """A Ray Tune callback (it runs in the driver's tune loop) feeding ``board``."""
     from ray.tune import Callback
 
-    class TuneConsole(Callback):
+    class TuneConsole(Callback):  # a console problem must never fail the search: each hook swallows its errors
         def on_trial_start(self, iteration, trials, trial, **info):
-            board.start(trial.trial_id, trial.config)
+            with contextlib.suppress(Exception):
+                board.start(trial.trial_id, trial.config)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            if "eval/score" in result:
-                board.result(trial.trial_id, result)
+            with contextlib.suppress(Exception):
+                if "eval/score" in result:
+                    board.result(trial.trial_id, result)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            board.complete(trial.trial_id)
+            with contextlib.suppress(Exception):
+                board.complete(trial.trial_id)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            err = getattr(trial, "error_file", None) or "see the trial's error.txt"
-            board.complete(trial.trial_id, failed=str(err))
+            with contextlib.suppress(Exception):
+                board.complete(trial.trial_id, failed=str(getattr(trial, "error_file", None) or "see the trial's error.txt"))
 
         def on_step_end(self, iteration, trials, **info):
-            board.tick()
+            with contextlib.suppress(Exception):
+                board.tick()
 
         def on_experiment_end(self, trials, **info):
-            board.close()
+            with contextlib.suppress(Exception):
+                board.close()
 
     return TuneConsole()
