@@ -7,7 +7,10 @@ below the policy's natural answer length, as the seed's 160 tokens were) and the
 8 generations). Reports per run what the seed's author saw only after 18,000 steps, and the
 doctor's findings.
 
-    python bench/pathologies.py [--steps N] [--json]
+    python bench/pathologies.py [--steps N] [--json] [--figure DIR]
+
+With ``--figure DIR`` the two runs also go through `synth-grpo compare` (pipeline/compare.py):
+one PNG per metric family and compare.md in DIR, the figure in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", default=None, help="keep the run directories here (default: a temporary folder)")
+    ap.add_argument("--figure", default=None, help="write the compare plots and compare.md here (e.g. docs/img/pathologies)")
     args = ap.parse_args()
 
     import ray
@@ -114,6 +118,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp).resolve()
         result = {name: run_one(name, args.steps, root, args.seed) for name in RUNS}
+        if args.figure:
+            from pipeline.compare import compare
+
+            table, images = compare([root / name for name in RUNS], args.figure)
+            result["figure"] = {"table": str(table), **{k: str(v) for k, v in images.items()}}
     ray.shutdown()
     result["meta"] = {"steps": args.steps, "seed": args.seed, "seconds": time.time() - t0,
                       "machine": f"{os.cpu_count()} CPUs"}
@@ -128,6 +137,8 @@ def main() -> int:
     for k in keys:
         print(f"{k:22}{_fmt(result['baseline'][k]):>22}  {_fmt(result['ours'][k]):<40}")
     print(f"total {result['meta']['seconds']:.0f} s")
+    if "figure" in result:
+        print(f"figure: {result['figure']['table']} and {len(result['figure']) - 1} PNGs beside it")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`synth-grpo` command line: train, tune, plan, doctor, build-tiny.
+"""`synth-grpo` command line: train, tune, plan, doctor, compare, build-tiny.
 
 Each subcommand imports its module lazily so `--help` and config errors answer in a second,
 before torch or Ray load. Exit codes: 0 ok, 1 run failed, 2 bad input.
@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("run_dir", metavar="RUN_DIR")
     d.add_argument("--json", action="store_true", help="print findings as JSON")
 
+    c = sub.add_parser("compare", help="runs side by side: one PNG per metric family and a Markdown table (compare.md)")
+    c.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories (each holds metrics.jsonl)")
+    c.add_argument("--out", default=None, help="output folder (default: ./compare-<run>-vs-<run>)")
+
     b = sub.add_parser("build-tiny", help="build the offline tiny tokenizer and policy (cached by a hash of their inputs)")
     b.add_argument("--out", default=None, help="cache folder (default: $SYNTH_GRPO_CACHE or ~/.cache/synth-grpo)")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
@@ -77,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             from pipeline.doctor import doctor_cli
 
             return doctor_cli(args)
+        if args.command == "compare":
+            from pipeline.compare import compare_cli
+
+            return compare_cli(args)
         cfg = load_config(args.config, args.overrides)
         if args.command == "train":
             from pipeline.train import train_cli

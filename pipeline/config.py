@@ -25,6 +25,7 @@ JUDGE_BACKENDS = ("llm", "embedding", "self")
 DATA_SOURCES = ("bundled", "synth", "local", "squad")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+CONSOLE_MODES = ("progress", "table", "json", "verbose")  # logging.console, see pipeline/console.py
 
 
 class ConfigError(ValueError):
@@ -190,6 +191,9 @@ class LoggingSection:
     report_to: list[str] = field(default_factory=list)  # tensorboard, wandb, mlflow: passed to TRL
     ray_metrics: bool = True  # export synth_grpo_* gauges to the Ray dashboard
     progress_bar: bool = True
+    # What the console shows: progress (a live line on a terminal, a table every N steps, events),
+    # table (no live line), json (one JSON line per row/event), verbose (TRL's dicts, Ray's report lines).
+    console: str = "progress"
 
 
 @dataclass
@@ -598,6 +602,7 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
     for name in ("logging_steps", "samples_every"):
         if getattr(cfg.logging, name) < 1:
             p.append(f"logging.{name}: {getattr(cfg.logging, name)} must be >= 1")
+    _choice(p, "logging.console", cfg.logging.console, CONSOLE_MODES)
     if cfg.output.checkpoints_kept < 1:
         p.append(f"output.checkpoints_kept: {cfg.output.checkpoints_kept} must be >= 1")
     if cfg.output.save_steps < 1:

@@ -417,7 +417,7 @@ def length_schedule_ignored(h: History, end: int, s: RuleSettings, cfg: Mapping[
            "generation still uses the old cap: a schedule that changes args.max_completion_length after TRL copied it "
            "at init changes nothing") + "; answers that need more room stay cut and the schedule never reaches training"
     if logged:
-        adv = [f"a bug in this pipeline's length control: report it with this run directory; meanwhile:",
+        adv = ["a bug in this pipeline's length control: report it with this run directory; meanwhile:",
                _advice(cfg, "generation.max_completion_length", int(new_cap), "a fixed cap from the start")]
     else:
         adv = [_advice(cfg, "generation.length_schedule", _cfg(cfg, "generation.length_schedule") or [[ev["raise_step"], int(new_cap)]],
@@ -643,6 +643,9 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
         vals = h.values(key)
         if vals:
             out.append(f"| `{key}` | {vals[0]:.4g} | {vals[-1]:.4g} | {min(vals):.4g} | {max(vals):.4g} |")
+    from pipeline.eval_samples import report_section
+
+    out += report_section(run.path)
     if plots:
         out += ["", "## Plots", ""]
         out += [f"![{name}]({p.name})" for name, p in plots.items()]

@@ -133,6 +133,7 @@ class Evaluator(TrainerCallback):
         self.report = report
         self.trainer = None
         self.last: dict[str, float] = {}
+        self.samples_path: Path | None = None  # rank 0: every answer with its scores (pipeline/eval_samples.py)
 
     def evaluate(self, step: int) -> dict[str, float]:
         import torch
@@ -189,6 +190,13 @@ class Evaluator(TrainerCallback):
                 )
 
             scores = dict(zip(REWARD_COMPONENTS, pool.run(score_all())))
+            if self.samples_path is not None:
+                from pipeline import eval_samples
+
+                ended = [is_terminated(x, self.eos_ids) for x in ids]
+                rows = eval_samples.eval_rows(step, recs, cands, ended, scores, self.cfg.eval.score_weights)
+                eval_samples.write(self.samples_path, rows)
+                eval_samples.to_tensorboard(tr, step, rows)
             n = len(cands)
             eos_rate = sum(is_terminated(x, self.eos_ids) for x in ids) / n
             for k, v in scores.items():

@@ -141,6 +141,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as RayRunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from pipeline.console import ray_logging_config
     from pipeline.worker import train_loop_per_worker
 
     from pipeline.reward_pool import training_worker_gpus
@@ -160,6 +161,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.output.checkpoints_kept),
             failure_config=FailureConfig(max_failures=d.max_failures),
             callbacks=list(extra_callbacks),
+            logging_config=ray_logging_config(cfg.logging.console),
         ),
     )
 
@@ -265,13 +267,17 @@ def train_cli(cfg: RunConfig, args) -> int:
               f"{e.strerror or e} ({e.filename or run_dir})", file=sys.stderr)
         return 2
     print(f"[run] {'resuming' if resumed else 'starting'} {run_dir}")
+    from pipeline.console import quiet_environment, watch
+
+    quiet_environment(cfg.logging.console)
     try:
         init_ray(args.address)
     except RayUnreachable as e:
         print(f"synth-grpo train: {e}", file=sys.stderr)
         return 2
     try:
-        outcome = run_training(cfg, run_dir)
+        with watch(run_dir, cfg.logging.console, cfg.optimization.max_steps, live=cfg.logging.progress_bar):
+            outcome = run_training(cfg, run_dir)
     except FatalRunError as e:
         print(f"synth-grpo train: stopped without retrying (a retry would fail the same way); the run directory "
               f"{run_dir} is kept\n{e}", file=sys.stderr)

@@ -181,6 +181,11 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
         (exp_dir / BASE_CONFIG).write_text(base.to_yaml(), encoding="utf-8")
         (exp_dir / SPACE_COPY).write_text(yaml.safe_dump(space.raw, sort_keys=False), encoding="utf-8")
     base_dict = base.to_dict()
+    callbacks, mode = list(tune_callbacks), base.logging.console
+    if log and mode != "verbose":  # the CLI's console: trial events and a live table instead of Tune's reporter
+        from pipeline.console import TrialBoard, tune_console_callback
+
+        callbacks.append(tune_console_callback(TrialBoard(lambda p: describe_trial(space, base_dict, p), mode)))
 
     init_ray(None, log=log)
     concurrency = max_concurrent_trials(base, ray.cluster_resources())
@@ -212,7 +217,8 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
                     trial_dirname_creator=_trial_dirname,
                 ),
                 run_config=tune.RunConfig(
-                    name=TUNE_DIR, storage_path=str(exp_dir), callbacks=list(tune_callbacks),
+                    name=TUNE_DIR, storage_path=str(exp_dir), callbacks=callbacks,
+                    verbose=None if mode == "verbose" else 0,
                     failure_config=tune.FailureConfig(max_failures=0),  # Ray Train retries inside a trial
                 ),
             )
@@ -324,6 +330,21 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def describe_trial(space: SearchSpace, base: dict[str, Any], params: dict[str, Any]) -> str:
+    """A trial's searched values in one line (as the results table shows them)."""
+    try:
+        values: Any = space.trial_config(base, dict(params)).to_dict()
+    except ConfigError as e:
+        return "invalid: " + "; ".join(e.problems)
+    cells = []
+    for key in space.searched_keys:
+        node = values
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        cells.append(f"{_short(key)}={_cell(node)}")
+    return " ".join(cells)
+
+
 def format_table(rows: list[dict], columns: list[str]) -> str:
     """The results as a fixed-width table (run directories omitted; errors last and shortened)."""
     cols = [c for c in columns if c != "run_dir"]
@@ -377,6 +398,9 @@ def tune_cli(cfg: RunConfig, args) -> int:
         print(f"synth-grpo tune: --resume: no search at {exp_dir} (it is found through --config's output.root and --name)",
               file=sys.stderr)
         return 2
+    from pipeline.console import quiet_environment
+
+    quiet_environment(cfg.logging.console)
     try:
         check_source(cfg.data)
         init_ray(args.address)

@@ -83,7 +83,7 @@ def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: boo
         seed=o.seed,
         data_seed=o.seed,
         use_cpu=not on_gpu,
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        activation_checkpointing=cfg.model.gradient_checkpointing,  # transformers 5's name (the old one warns)
         logging_steps=lg.logging_steps,
         save_strategy="steps",
         save_steps=cfg.output.save_steps,
@@ -217,6 +217,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import torch
 
+    from pipeline.console import RunEvents, quiet_worker
     from pipeline.data import load_records
     from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl
@@ -243,16 +244,20 @@ def train_loop_per_worker(config: dict) -> None:
     run_dir = Path(config["run_dir"])
     pool = config["pool"]
     torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
-    length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=log)
+    say = log if cfg.logging.console == "verbose" else None  # otherwise the driver's console shows events.jsonl
+    length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=say)
     self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens, cfg.judge.max_batch_size) if cfg.judge.backend == "self" else None
     funcs, weights = make_pool_reward_funcs(pool, cfg, eos_ids, lambda: length_ctl.current, self_judge)
 
     metrics = MetricsSink(run_dir, cfg.output.run_name or run_dir.name, cfg.logging.ray_metrics)
     samples = SamplesWriter(run_dir, cfg.logging.samples_every, cfg.logging.num_samples)
     evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=ray.train.report)
-    health = HealthCallback(config=cfg, print_fn=log or (lambda _msg: None))
-    callbacks = [length_ctl, samples, health, metrics, RayTrainReporter(), evaluator]
+    health = HealthCallback(config=cfg, print_fn=say or (lambda _msg: None))
+    evaluator.samples_path = run_dir / "eval_samples.jsonl" if is_rank0 else None
+    events = RunEvents(run_dir, length_ctl, health)
+    callbacks = [length_ctl, samples, health, events, metrics, RayTrainReporter(), evaluator]
     trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0)
+    quiet_worker(trainer, cfg.logging.console)
     length_ctl.bind(trainer)
     samples.trainer = evaluator.trainer = trainer
     if self_judge is not None:
@@ -267,11 +272,12 @@ def train_loop_per_worker(config: dict) -> None:
         if is_rank0:
             from pipeline.train import append_event
 
-            log(f"[resume] from checkpoint at step {step}")
+            if say:
+                say(f"[resume] from checkpoint at step {step}")
             append_event(run_dir, "resume", step=step)
     elif is_rank0:
         # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
-        for name in ("metrics.jsonl", "samples.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", "eval_samples.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
     if step >= cfg.optimization.max_steps:
         trainer._load_from_checkpoint(resume_from)  # finished already: only the adapter is left to write

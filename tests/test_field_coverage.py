@@ -63,6 +63,7 @@ FIELD_TESTS: dict[str, str] = {
     "logging.samples_every": SEAM + "test_logging_fields_reach_the_callbacks",
     "logging.num_samples": SEAM + "test_logging_fields_reach_the_callbacks",
     "logging.ray_metrics": SEAM + "test_logging_fields_reach_the_callbacks",
+    "logging.console": "tests/test_console.py::test_console_field_decides_whether_the_trainer_prints_step_dicts",
     "output.root": SEAM + "test_field_reaches_the_ray_train_trainer",
     "output.run_name": SEAM + "test_field_reaches_the_ray_train_trainer",
     "output.checkpoints_kept": SEAM + "test_field_reaches_the_ray_train_trainer",

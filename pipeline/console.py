@@ -1,0 +1,480 @@
+"""A run you can watch: the driver's console, drawn from the run directory's files.
+
+Workers print nothing per step (TRL's per-step dicts and Ray Train's per-report lines are turned
+off, see ``quiet_worker``); rank 0 records the events that matter in ``events.jsonl``
+(``RunEvents``), and the driver tails ``metrics.jsonl`` and ``events.jsonl`` (``watch``):
+
+- ``progress`` (default): on a terminal one live line (step/total, reward, eval/score, entropy,
+  clipped ratio, cap, s/step, ETA), a compact table row every N logged steps, and the events
+  (cap changes, health findings, evaluations, checkpoints, resumes) on their own lines. Without a
+  terminal (``ray job logs``, CI) the same without the live line: plain lines only.
+- ``table``: the table and the events, never a live line (nor with ``logging.progress_bar: false``).
+- ``json``: each metrics row and event as one JSON line.
+- ``verbose``: today's output (TRL's dicts, Ray's report lines, tqdm); the driver draws nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, TextIO
+
+from transformers import TrainerCallback
+
+from pipeline.config import CONSOLE_MODES  # noqa: F401  (re-exported: the modes this module draws)
+from pipeline.doctor import CAP, is_train_row
+
+EVENTS = "events.jsonl"
+METRICS = "metrics.jsonl"
+HEADER_EVERY = 20  # table rows between repeated headers
+# (column title, metrics key, width, decimals)
+TABLE = [
+    ("reward", "reward", 7, 3), ("rouge_l", "rewards/rouge_l/mean", 7, 3), ("judge", "rewards/judge/mean", 6, 3),
+    ("eos", "rewards/eos/mean", 6, 3), ("entropy", "entropy", 7, 3), ("clipped", "completions/clipped_ratio", 7, 2),
+    ("len", "completions/mean_length", 5, 1), ("cap", CAP, 4, 0),
+]
+
+
+def table_every(max_steps: int) -> int:
+    """Logged steps between table rows: a round number giving about 15 rows a run."""
+    target = max(1, max_steps // 15)
+    nice = [m * 10 ** e for e in range(7) for m in (1, 2, 5)]
+    return max(n for n in nice if n <= target)
+
+
+def _f(v: Any, nd: int = 3) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "-"
+    return f"{v:.{nd}f}"
+
+
+def _duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+def format_eval(row: Mapping[str, Any]) -> str:
+    comps = ", ".join(f"{k.split('/', 1)[1]} {_f(v)}" for k, v in row.items()
+                      if k.startswith("eval/") and k not in ("eval/score", "eval/mean_length") and k != "step")
+    length = row.get("eval/mean_length")
+    tail = f", mean length {_f(length, 1)}" if length is not None else ""
+    return f"[eval] step {row.get('step')}: eval/score {_f(row.get('eval/score'))} ({comps}{tail})"
+
+
+def format_event(ev: Mapping[str, Any]) -> str:
+    kind, step = ev.get("event"), ev.get("step")
+    if kind == "length_cap":
+        return f"[length] step {step}: max_completion_length {ev.get('old')} -> {ev.get('new')} ({ev.get('why', '')})"
+    if kind == "finding":
+        return f"[health] {ev.get('text') or ev.get('rule')}"
+    if kind == "checkpoint":
+        return f"[checkpoint] step {step}: {ev.get('name', '')}".rstrip()
+    if kind == "resume":
+        return f"[resume] from checkpoint at step {step}"
+    rest = ", ".join(f"{k} {v}" for k, v in ev.items() if k not in ("event", "step", "time"))
+    return f"[{kind}] step {step}" + (f": {rest}" if rest else "")
+
+
+class ConsoleRenderer:
+    """Turns metrics rows and events into console text; pure apart from writing to ``stream``."""
+
+    def __init__(self, mode: str, total_steps: int, stream: TextIO | None = None, tty: bool | None = None,
+                 every: int | None = None, clock: Callable[[], float] = time.monotonic):
+        self.mode = mode
+        self.total = total_steps
+        self.stream = stream or sys.stdout
+        isatty = getattr(self.stream, "isatty", lambda: False)
+        self.live = mode == "progress" and (isatty() if tty is None else tty)
+        self.every = every or table_every(total_steps)
+        self.clock = clock
+        self.logged = 0
+        self.table_rows = 0
+        self.last: dict[str, Any] = {}
+        self.last_eval: float | None = None
+        self._times: list[tuple[float, int]] = []  # (time, step) of recent rows, for s/step
+        self._frame = False
+
+    # -- output
+    def _write(self, text: str) -> None:
+        if self._frame:
+            self.stream.write("\r\033[K")
+            self._frame = False
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def _draw(self) -> None:
+        if self.live:
+            self.stream.write("\r\033[K" + self.progress_line())
+            self.stream.flush()
+            self._frame = True
+
+    # -- what the driver feeds in
+    def row(self, row: Mapping[str, Any]) -> None:
+        if self.mode == "json":
+            self._write(json.dumps(dict(row), ensure_ascii=False))
+            return
+        if "eval/score" in row:
+            self.last_eval = row.get("eval/score")
+            self._write(format_eval(row))
+        elif is_train_row(row) and "train_runtime" not in row:
+            self.logged += 1
+            self.last = dict(row)
+            step = int(row.get("step", self.logged))
+            self._times = (self._times + [(self.clock(), step)])[-20:]
+            if self.logged % self.every == 0 or step >= self.total:
+                if self.table_rows % HEADER_EVERY == 0:
+                    self._write(self.table_header())
+                self.table_rows += 1
+                self._write(self.table_row(row))
+        self._draw()
+
+    def event(self, ev: Mapping[str, Any]) -> None:
+        self._write(json.dumps(dict(ev), ensure_ascii=False) if self.mode == "json" else format_event(ev))
+        self._draw()
+
+    def close(self) -> None:
+        if self._frame:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self._frame = False
+
+    # -- text
+    def sec_per_step(self) -> float | None:
+        if len(self._times) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._times[0], self._times[-1]
+        return (t1 - t0) / (s1 - s0) if s1 > s0 else None
+
+    def table_header(self) -> str:
+        cells = [f"{'step':>{len(str(self.total))*2+1}}"] + [f"{t:>{w}}" for t, _, w, _ in TABLE] + [f"{'s/step':>6}"]
+        return "  ".join(cells)
+
+    def table_row(self, row: Mapping[str, Any]) -> str:
+        width = len(str(self.total)) * 2 + 1
+        cells = [f"{str(row.get('step')) + '/' + str(self.total):>{width}}"]
+        cells += [f"{_f(row.get(k), nd):>{w}}" for _, k, w, nd in TABLE]
+        sps = self.sec_per_step()
+        cells.append(f"{_f(sps, 2):>6}")
+        return "  ".join(cells)
+
+    def progress_line(self) -> str:
+        r = self.last
+        step = r.get("step", 0)
+        parts = [f"step {step}/{self.total}", f"reward {_f(r.get('reward'))}", f"eval/score {_f(self.last_eval)}",
+                 f"entropy {_f(r.get('entropy'))}", f"clipped {_f(r.get('completions/clipped_ratio'), 2)}",
+                 f"cap {_f(r.get(CAP), 0)}"]
+        sps = self.sec_per_step()
+        if sps:
+            parts += [f"{sps:.2f} s/step", f"ETA {_duration(sps * max(0, self.total - int(step)))}"]
+        return " | ".join(parts)
+
+
+class JsonlTail:
+    """New complete rows of a JSONL file since the last call; follows a file rewritten (a resume
+    drops the rows past its checkpoint) or replaced (a fresh start deletes it) without repeating rows."""
+
+    MARK = 64  # bytes before the offset that must be unchanged for the file to be the one read so far
+
+    def __init__(self, path: Path, from_end: bool = True):
+        self.path = path
+        self.offset, self.inode, self.mark, self.seen = 0, None, b"", set()
+        if from_end and path.exists():  # rows of an earlier attempt are not news
+            data = path.read_bytes()
+            self.offset, self.inode, self.mark = len(data), path.stat().st_ino, data[-self.MARK:]
+            self.seen = {self._key(r) for r in self._parse(data)[0]}
+
+    @staticmethod
+    def _key(row: Mapping[str, Any]) -> str:
+        return json.dumps({k: v for k, v in row.items() if k != "time"}, sort_keys=True)
+
+    @staticmethod
+    def _parse(data: bytes) -> tuple[list[dict], int]:
+        rows, used = [], 0
+        for line in data.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break  # a row still being written
+            used += len(line)
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+        return rows, used
+
+    def poll(self) -> list[dict]:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset - len(self.mark))
+            if st.st_ino != self.inode or f.read(len(self.mark)) != self.mark:
+                self.offset, self.inode, self.mark = 0, st.st_ino, b""  # rewritten: read it again, skip rows seen
+                f.seek(0)
+            data = f.read()
+        rows, used = self._parse(data)
+        if used:
+            self.mark = (self.mark + data[:used])[-self.MARK:]
+            self.offset += used
+        fresh = []
+        for r in rows:
+            k = self._key(r)
+            if k not in self.seen:
+                self.seen.add(k)
+                fresh.append(r)
+        return fresh
+
+
+def poll_run(metrics: JsonlTail, events: JsonlTail) -> list[tuple[str, dict]]:
+    """New rows and events in step order (a step's row before the events it caused)."""
+    items = [("row", r) for r in metrics.poll()] + [("event", e) for e in events.poll()]
+    return sorted(items, key=lambda it: (it[1].get("step", 0) if isinstance(it[1].get("step"), (int, float)) else 0,
+                                         it[0] == "event"))
+
+
+@contextlib.contextmanager
+def watch(run_dir: Path, mode: str, total_steps: int, stream: TextIO | None = None, live: bool = True,
+          interval: float = 0.5) -> Iterator[ConsoleRenderer | None]:
+    """Draw the run's console from its files while the body runs (nothing in ``verbose`` mode)."""
+    if mode == "verbose":
+        yield None
+        return
+    run_dir = Path(run_dir)
+    renderer = ConsoleRenderer(mode, total_steps, stream, tty=None if live else False)
+    metrics, events = JsonlTail(run_dir / METRICS), JsonlTail(run_dir / EVENTS)
+    stop = threading.Event()
+
+    def pump() -> None:
+        for kind, item in poll_run(metrics, events):
+            renderer.row(item) if kind == "row" else renderer.event(item)
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                pump()
+            except Exception:  # the console must never stop a run
+                pass
+
+    thread = threading.Thread(target=loop, name="synth-grpo-console", daemon=True)
+    thread.start()
+    try:
+        yield renderer
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            pump()
+        renderer.close()
+
+
+# ---------------------------------------------------------------- worker side
+
+
+def append_event(run_dir: Path, event: str, step: int, **fields: Any) -> None:
+    with (Path(run_dir) / EVENTS).open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"event": event, "step": step, "time": time.time(), **fields}, ensure_ascii=False) + "\n")
+
+
+class RunEvents(TrainerCallback):
+    """Rank 0: the run's events into events.jsonl as they happen: cap changes (from the length
+    control), health findings (from the health callback), checkpoints. Placed after both."""
+
+    def __init__(self, run_dir: Path, length_ctl=None, health=None):
+        self.run_dir = Path(run_dir)
+        self.length_ctl, self.health = length_ctl, health
+        self._changes = len(length_ctl.changes) if length_ctl is not None else 0
+        self._findings = len(health.findings) if health is not None else 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        if self.length_ctl is not None:
+            band = getattr(self.length_ctl, "band", None)
+            for step, old, new in self.length_ctl.changes[self._changes:]:
+                why = "schedule" if self.length_ctl.schedule else f"clipped ratio outside [{band[0]}, {band[1]}]"
+                append_event(self.run_dir, "length_cap", step, old=old, new=new, why=why)
+            self._changes = len(self.length_ctl.changes)
+        if self.health is not None:
+            for f in self.health.findings[self._findings:]:
+                append_event(self.run_dir, "finding", f.first_step, rule=f.rule, text=f.format())
+            self._findings = len(self.health.findings)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.on_log(args, state, control)  # a scheduled cap is set at the step's start
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            append_event(self.run_dir, "checkpoint", state.global_step, name=f"checkpoint-{state.global_step:06d}")
+
+
+def quiet_worker(trainer, mode: str) -> None:
+    """Outside ``verbose``: no per-step dicts from TRL (transformers' ProgressCallback prints them
+    through tqdm, PrinterCallback with print), no tqdm bars, and no "Reporting training result"
+    line from Ray Train for every ray.train.report (its logger is named after its file, so the
+    run's LoggingConfig level does not reach it)."""
+    if mode == "verbose":
+        return
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for cb in (ProgressCallback, PrinterCallback):
+        trainer.remove_callback(cb)
+    # transformers' own deprecated alias, read by the save path at every checkpoint: nothing here to change
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    with contextlib.suppress(Exception):
+        import datasets
+
+        datasets.disable_progress_bars()
+    with contextlib.suppress(Exception):
+        from ray.train.v2._internal.execution import context as train_context
+
+        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+
+
+QUIET_ENV = {
+    # Ray Train propagates it from the driver to its workers: in a Ray worker the print patch
+    # prints every line twice, once itself and once through the root logger's console handler.
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # transformers' "Loading weights" and datasets' bars in every actor (inherited by a local Ray's workers)
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+}
+
+
+def quiet_environment(mode: str) -> None:
+    """Outside verbose, before Ray starts: the environment that keeps workers from printing twice
+    and from drawing progress bars. An explicit setting in the environment wins."""
+    if mode != "verbose":
+        for k, v in QUIET_ENV.items():
+            os.environ.setdefault(k, v)
+
+
+def ray_logging_config(mode: str):
+    """Ray Train's supported log level for its own ``ray.train`` loggers: WARNING outside verbose."""
+    from ray.train import LoggingConfig
+
+    quiet_environment(mode)
+
+    return LoggingConfig(log_level="INFO" if mode == "verbose" else "WARNING")
+
+
+
+# ---------------------------------------------------------------- Ray Tune
+
+
+class TrialBoard:
+    """The tune console: one line per trial event (started, evaluated, finished, failed) and a
+    table of trials (id, params, step, eval/score, state), redrawn in place on a terminal,
+    printed again every ``every_s`` seconds when it changed otherwise."""
+
+    def __init__(self, describe: Callable[[Mapping[str, Any]], str], mode: str = "progress",
+                 stream: TextIO | None = None, tty: bool | None = None, every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.describe, self.mode = describe, mode
+        self.stream = stream or sys.stdout
+        isatty = getattr(self.stream, "isatty", lambda: False)
+        self.live = mode == "progress" and (isatty() if tty is None else tty)
+        self.every_s, self.clock = every_s, clock
+        self.trials: dict[str, dict[str, Any]] = {}
+        self._drawn_lines = 0
+        self._changed = False
+        self._last_print = clock()
+
+    def _write(self, line: str, data: Mapping[str, Any]) -> None:
+        self._erase()
+        self.stream.write((json.dumps(dict(data), ensure_ascii=False) if self.mode == "json" else line) + "\n")
+        self.stream.flush()
+        self._changed = True
+        self._redraw()
+
+    def _erase(self) -> None:
+        if self._drawn_lines:
+            self.stream.write(f"\033[{self._drawn_lines}F\033[J")
+            self._drawn_lines = 0
+
+    def _redraw(self) -> None:
+        if self.live and self.trials:
+            text = self.table()
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            self._drawn_lines = text.count("\n") + 1
+
+    def start(self, trial_id: str, config: Mapping[str, Any]) -> None:
+        params = self.describe(config)
+        self.trials.setdefault(trial_id, {"params": params, "step": None, "score": None})["state"] = "running"
+        self._write(f"[trial] {trial_id} started: {params}", {"trial": trial_id, "event": "start", "params": params})
+
+    def result(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        t = self.trials.setdefault(trial_id, {"params": "", "state": "running"})
+        t["step"], t["score"] = result.get("step"), result.get("eval/score", t.get("score"))
+        self._write(f"[trial] {trial_id} step {t['step']}: eval/score {_f(t['score'])}",
+                    {"trial": trial_id, "event": "result", "step": t["step"], "eval/score": t["score"]})
+
+    def complete(self, trial_id: str, failed: str | None = None) -> None:
+        t = self.trials.setdefault(trial_id, {"params": "", "step": None, "score": None})
+        t["state"] = "error" if failed else "finished"
+        line = (f"[trial] {trial_id} failed: {failed}" if failed
+                else f"[trial] {trial_id} finished at step {t.get('step')}: eval/score {_f(t.get('score'))}")
+        self._write(line, {"trial": trial_id, "event": t["state"], "step": t.get("step"), "eval/score": t.get("score"),
+                           **({"error": failed} if failed else {})})
+
+    def tick(self) -> None:
+        """Called on every Tune loop iteration: without a terminal, the table again once a minute if it changed."""
+        if self.mode == "json" or self.live or not self._changed or self.clock() - self._last_print < self.every_s:
+            return
+        self.stream.write(self.table() + "\n")
+        self.stream.flush()
+        self._changed, self._last_print = False, self.clock()
+
+    def close(self) -> None:
+        self._erase()
+        self.stream.flush()
+
+    def table(self) -> str:
+        head = ["trial", "params", "step", "eval/score", "state"]
+        body = [[tid, t.get("params", ""), "-" if t.get("step") is None else str(t["step"]), _f(t.get("score")),
+                 t.get("state", "")] for tid, t in self.trials.items()]
+        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+        fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        return "\n".join([fmt(head), *(fmt(b) for b in body)])
+
+
+def tune_console_callback(board: TrialBoard):
+    """A Ray Tune callback (it runs in the driver's tune loop) feeding ``board``."""
+    from ray.tune import Callback
+
+    class TuneConsole(Callback):  # a console problem must never fail the search: each hook swallows its errors
+        def on_trial_start(self, iteration, trials, trial, **info):
+            with contextlib.suppress(Exception):
+                board.start(trial.trial_id, trial.config)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            with contextlib.suppress(Exception):
+                if "eval/score" in result:
+                    board.result(trial.trial_id, result)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            with contextlib.suppress(Exception):
+                board.complete(trial.trial_id)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            with contextlib.suppress(Exception):
+                board.complete(trial.trial_id, failed=str(getattr(trial, "error_file", None) or "see the trial's error.txt"))
+
+        def on_step_end(self, iteration, trials, **info):
+            with contextlib.suppress(Exception):
+                board.tick()
+
+        def on_experiment_end(self, trials, **info):
+            with contextlib.suppress(Exception):
+                board.close()
+
+    return TuneConsole()
