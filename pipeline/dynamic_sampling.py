@@ -212,7 +212,6 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
                 out["advantages"] = out["advantages"] * (rows_total / len(real))
         masks = pool["completion_mask"] * pool["tool_mask"] if "tool_mask" in pool else pool["completion_mask"]
         num_items = masks[torch.tensor(real, dtype=torch.long)].sum() if real else torch.tensor(0)
-        result = {k: v for k, v in first.items() if k not in row_keys}
-        result.update({k: v.to(device) for k, v in out.items()})
+        result = {k: out[k].to(device) if k in out else v for k, v in first.items()}  # TRL's key order
         result["num_items_in_batch"] = num_items.to(device)
         return result

@@ -44,7 +44,10 @@ def build(tmp_path, tiny_policy, data: dict, reward):
 
     cfg = config_from_dict(data)
     recs, _, _ = load_records(cfg.data)
-    seen, recs = set(), [r for r in recs if not (r["question"] in seen or seen.add(r["question"]))][:40]
+    unique: dict[str, dict] = {}
+    for r in recs:  # prompts told apart by their text
+        unique.setdefault(to_prompt(r, cfg.data.system_prompt)[-1]["content"], r)
+    recs = list(unique.values())[:40]
     tok, model, _ = load_policy(cfg, on_gpu=False)
     trainer = build_grpo_trainer(cfg, tmp_path / "run", tok, model, recs, [reward], [1.0], [])
     assert isinstance(trainer, DynamicSamplingGRPOTrainer)
