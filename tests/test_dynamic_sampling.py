@@ -6,6 +6,7 @@ The rigged reward makes known prompts' groups constant; what the loss sees is re
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,39 @@ def test_bad_values_name_the_field(tmp_path, field, value):
     with pytest.raises(ConfigError) as e:
         config_from_dict(data)
     assert any(p.startswith(f"grpo.dynamic_sampling.{field}: {value}") for p in e.value.problems)
+
+
+def test_keep_mask_follows_min_std():
+    import torch
+
+    from pipeline.dynamic_sampling import keep_mask
+
+    total = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.1, 0.1, 0.1, 0.105, 0.0, 0.2, 0.4, 0.6, 0.3, float("nan"), float("nan"), float("nan")])
+    assert keep_mask(total, 4, 0.01).tolist() == [False, False, True, False]  # constant, std 0.0025, spread, unscorable
+    assert keep_mask(total, 4, 0.0).tolist() == [True, True, True, False]
+    assert keep_mask(total, 4, 0.5).tolist() == [False, False, False, False]
+
+
+def test_enabled_picks_the_subclass(tmp_path, tiny_policy):
+    from trl import GRPOTrainer
+
+    from pipeline.data import load_records
+    from pipeline.dynamic_sampling import DynamicSamplingGRPOTrainer
+    from pipeline.worker import build_grpo_trainer, load_policy
+
+    def reward(prompts, **kwargs):
+        return [0.0] * len(prompts)
+
+    kinds = []
+    for enabled in (False, True):
+        data = cfg_dict(tmp_path)
+        data["grpo"]["dynamic_sampling"]["enabled"] = enabled
+        cfg = config_from_dict(data)
+        recs = load_records(cfg.data, log=None)[0][:16]
+        tok, model, _ = load_policy(cfg, on_gpu=False)
+        trainer = build_grpo_trainer(cfg, tmp_path / str(enabled), tok, model, recs, [reward], [1.0], [])
+        kinds.append(type(trainer))
+    assert kinds == [GRPOTrainer, DynamicSamplingGRPOTrainer]
 
 
 def build(tmp_path, tiny_policy, data: dict, reward):
@@ -101,6 +135,9 @@ def test_constant_groups_never_reach_the_loss(tmp_path, tiny_policy):
         assert set(trained) <= (set(t["batch"]) | refills)
         assert [trained.count(i) for i in set(trained)] == [G] * len(set(trained))  # whole groups
     assert any(t["rounds"] > 0 for t in trace)
+    for t in trace:  # round 1 asks for oversample (1.5) x the groups dropped from the batch
+        dropped = len(set(t["batch"]) & const)
+        assert len(t["refills"][0]) == math.ceil(1.5 * dropped) if dropped else t["refills"] == []
     logs = [h for h in trainer.state.log_history if "dynamic_sampling/rounds" in h]
     assert len(logs) == 3
     assert sum(h["dynamic_sampling/dropped_groups"] for h in logs) >= 1
@@ -125,6 +162,8 @@ def test_all_constant_runs_short_and_continues(tmp_path, tiny_policy):
     assert [h["dynamic_sampling/rounds"] for h in logs] == [1.0, 1.0]
     assert [h["dynamic_sampling/missing_groups"] for h in logs] == [2.0, 2.0]
     assert [h["dynamic_sampling/frac_kept"] for h in logs] == [0.0, 0.0]
+    assert [len(t["refills"]) for t in trainer.dynamic_sampling_trace] == [1, 1]  # max_rounds
+    assert [len(t["refills"][0]) for t in trainer.dynamic_sampling_trace] == [3, 3]  # ceil(1.5 x 2 groups)
     assert all(h["loss"] == 0.0 for h in trainer.state.log_history if "loss" in h)
 
 
