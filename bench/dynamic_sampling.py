@@ -18,6 +18,7 @@ generated group without dynamic sampling; the groups that reach the loss with it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -140,8 +141,9 @@ def main() -> int:
         root = Path(tmp)
         pool = start_pool(bench_config(args.steps, args.seed, root, False))
         try:
-            result = {"without": run_arm(args.steps, args.seed, root, False, pool),
-                      "with": run_arm(args.steps, args.seed, root, True, pool)}
+            with contextlib.redirect_stdout(sys.stderr):  # HF's log printer: keep stdout for the result
+                result = {"without": run_arm(args.steps, args.seed, root, False, pool),
+                          "with": run_arm(args.steps, args.seed, root, True, pool)}
         finally:
             stop_pool(pool)
     ray.shutdown()
