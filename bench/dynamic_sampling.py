@@ -1,10 +1,12 @@
 """Dynamic sampling, measured: the same run with and without it, where many groups are near-constant.
 
-The setting is the seed's (`configs/seed-baseline.yaml`: the policy judges itself, 4 generations,
-a fixed cap of 8 -> 12 tokens below the policy's natural answers, `grpo` loss) on the long-answer
-task of bench/pathologies.py, where nearly every completion is cut at the cap: lengths and EOS tie
-within a group and only ROUGE-L and the self-judge's grade separate completions, often by less than
-0.01. Both arms: the same tiny policy, data, steps and seed, one after the other in this process
+The setting is the seed's (`configs/seed-baseline.yaml`: 4 generations, a fixed cap of 8 -> 12
+tokens below the policy's natural answers, `grpo` loss) on the long-answer task of
+bench/pathologies.py, trained on a sparse binary reward: the EOS term alone (+0.1 if the completion
+stopped, -0.1 if the cap cut it), like DAPO's 0/1 accuracy reward. With most completions cut,
+many groups of 4 are all cut (or all stopped) and tie exactly. (With the seed's own blend, ROUGE-L
+and the self-judge's continuous grade leave no group below 0.01 on the tiny policy: measured, see
+docs/benchmarks.md.) Both arms: the same tiny policy, data, steps and seed, one after the other in this process
 (TRL's GRPOTrainer built by `pipeline.worker.build_grpo_trainer`, the reward pool's Ray actors,
 the project's Evaluator for the held-out `eval/score`).
 
@@ -33,6 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 LOW_STD = 0.01
 TASK = ["data.min_reference_words=10"]  # bench/pathologies.py's long-answer task
+REWARD = ["rewards.weights={rouge_l: 0.0, length: 0.0, judge: 0.0, eos: 1.0}"]  # sparse: stopped or cut
 
 
 def bench_config(steps: int, seed: int, root: Path, dynamic: bool):
@@ -41,7 +44,7 @@ def bench_config(steps: int, seed: int, root: Path, dynamic: bool):
     return load_config(REPO / "configs" / "seed-baseline.yaml", [
         f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
         "output.save_steps=100000", "logging.progress_bar=false", f"eval.every_steps={max(5, steps // 4)}",
-        f"grpo.dynamic_sampling.enabled={str(dynamic).lower()}", *TASK,
+        f"grpo.dynamic_sampling.enabled={str(dynamic).lower()}", *TASK, *REWARD,
     ])
 
 
@@ -126,7 +129,7 @@ def _fmt(v) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
