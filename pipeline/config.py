@@ -156,6 +156,16 @@ class OptimizationSection:
 
 
 @dataclass
+class DynamicSamplingSection:
+    # DAPO dynamic sampling (pipeline/dynamic_sampling.py): groups whose rewards barely differ give no
+    # (or noise-driven) advantage; drop them and refill from fresh prompts.
+    enabled: bool = False
+    min_std: float = 0.01  # drop a group whose weighted total reward (before scaling) has std below this
+    max_rounds: int = 3  # extra generation rounds per step; then the step trains short (padded, logged)
+    oversample: float = 1.5  # prompts generated per round, relative to the groups still missing
+
+
+@dataclass
 class GRPOSection:
     beta: float = 0.0  # KL coefficient; with LoRA the reference is the base with adapters disabled
     epsilon: float = 0.2
@@ -169,6 +179,7 @@ class GRPOSection:
     mask_truncated_completions: bool = False
     scale_rewards: str = "group"
     num_iterations: int = 1
+    dynamic_sampling: DynamicSamplingSection = field(default_factory=DynamicSamplingSection)
 
 
 @dataclass
@@ -554,6 +565,13 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
     if gr.entropy_coef < 0 or gr.entropy_target < 0:
         p.append("grpo.entropy_coef / grpo.entropy_target: must be >= 0")
     _choice(p, "grpo.scale_rewards", gr.scale_rewards, ("group", "batch", "none"))
+    ds = gr.dynamic_sampling
+    if ds.min_std < 0:
+        p.append(f"grpo.dynamic_sampling.min_std: {ds.min_std} must be >= 0")
+    if ds.max_rounds < 0:
+        p.append(f"grpo.dynamic_sampling.max_rounds: {ds.max_rounds} must be >= 0")
+    if ds.oversample < 1:
+        p.append(f"grpo.dynamic_sampling.oversample: {ds.oversample} must be >= 1 (prompts per missing group)")
 
     # distributed
     if d.zero_stage not in (0, 1, 2, 3):

@@ -356,6 +356,8 @@ def zero_variance_groups(h: History, end: int, s: RuleSettings, cfg: Mapping[str
         "a group whose completions all get the same reward has zero advantage and contributes no gradient; most of each "
         "batch is wasted",
         [
+            _advice(cfg, "grpo.dynamic_sampling.enabled", True, "drop groups whose reward std is below "
+                    "grpo.dynamic_sampling.min_std and refill the batch from fresh prompts (DAPO dynamic sampling)"),
             _advice(cfg, "generation.num_generations", _more_generations(cfg), "larger groups are less often all equal"),
             _advice(cfg, "judge.backend", "embedding", "continuous judge scores break ties that integer grades leave"),
             _advice(cfg, "generation.max_completion_length", "adaptive", "clipped completions tie on length and EOS"),

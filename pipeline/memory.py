@@ -263,6 +263,7 @@ class _Inputs:
     attn: str  # "sdpa", "eager" or "flash"
     fused_logits: bool
     gpu_gib: float | None
+    refill_oversample: float | None = None  # grpo.dynamic_sampling.oversample when enabled, else None
 
 
 def trl_fuses_lm_head() -> bool:
@@ -399,6 +400,10 @@ def _estimate(x: _Inputs) -> tuple[dict[str, int], dict[str, str], str]:
     # Generation. HF generate runs the whole local generation batch (per-device batch x steps_per_generation)
     # at once; its KV cache holds K and V per layer: 2 * layers * kv_heads * head_dim * bytes per token.
     seqs = x.batch * x.steps_per_generation
+    if x.refill_oversample is not None:
+        # Dynamic sampling's refill round: every group dropped asks for ceil(oversample x groups) new groups
+        # per device, generated at once; the kept rows it holds meanwhile are token ids (negligible).
+        seqs = max(seqs, math.ceil(x.refill_oversample * seqs / x.num_generations) * x.num_generations)
     seq = x.prompt_len + x.completion_len
     kv_per_token = 2 * s.num_layers * s.kv_dim * a
     gen_extra = 0
@@ -496,6 +501,7 @@ def _inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> _Inp
         vllm_util=cfg.generation.vllm_gpu_memory_utilization if cfg.generation.backend == "vllm" else None,
         attn="flash" if "flash" in attn else ("eager" if attn == "eager" else "sdpa"),
         fused_logits=trl_fuses_lm_head(), gpu_gib=gpu_gib,
+        refill_oversample=cfg.grpo.dynamic_sampling.oversample if cfg.grpo.dynamic_sampling.enabled else None,
     )
 
 

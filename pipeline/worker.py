@@ -202,6 +202,11 @@ def build_grpo_trainer(cfg: RunConfig, run_dir: Path, tokenizer, model, train_re
 
     from pipeline.data import to_trl_rows
 
+    extra = {}
+    if cfg.grpo.dynamic_sampling.enabled:  # DAPO dynamic sampling: a GRPOTrainer subclass
+        from pipeline.dynamic_sampling import DynamicSamplingGRPOTrainer as GRPOTrainer
+
+        extra["dynamic_sampling"] = cfg.grpo.dynamic_sampling
     return GRPOTrainer(
         model=model,
         reward_funcs=funcs,
@@ -210,6 +215,7 @@ def build_grpo_trainer(cfg: RunConfig, run_dir: Path, tokenizer, model, train_re
         processing_class=tokenizer,
         peft_config=lora_config(cfg),
         callbacks=list(callbacks),
+        **extra,
     )
 
 

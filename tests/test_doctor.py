@@ -84,7 +84,7 @@ EXPECTED_ADVICE = {
     "never_stops": ["rewards.eos_bonus", "generation.max_completion_length: adaptive"],
     "entropy_collapse": ["grpo.adaptive_entropy: true", "grpo.entropy_target", "grpo.epsilon_high", "optimization.learning_rate"],
     "no_effective_update": ["generation.num_generations: 8", "judge.backend"],
-    "zero_variance_groups": ["generation.num_generations: 8", "judge.backend"],
+    "zero_variance_groups": ["grpo.dynamic_sampling.enabled: true", "generation.num_generations: 8", "judge.backend"],
     "length_schedule_ignored": ["generation.length_schedule", "generation.max_completion_length"],
     "reward_plateau": ["optimization.learning_rate", "generation.num_generations"],
     "judge_rouge_divergence": ["judge.backend", "rewards.weights.judge"],

@@ -1,0 +1,169 @@
+"""Dynamic sampling, measured: the same run with and without it, where many groups are near-constant.
+
+The setting is the seed's (`configs/seed-baseline.yaml`: 4 generations, a fixed cap of 8 -> 12
+tokens below the policy's natural answers, `grpo` loss) on the long-answer task of
+bench/pathologies.py, trained on a sparse binary reward: the EOS term alone (+0.1 if the completion
+stopped, -0.1 if the cap cut it), like DAPO's 0/1 accuracy reward. With most completions cut,
+many groups of 4 are all cut (or all stopped) and tie exactly. (With the seed's own blend, ROUGE-L
+and the self-judge's continuous grade leave no group below 0.01 on the tiny policy: measured, see
+docs/benchmarks.md.) Both arms: the same tiny policy, data, steps and seed, one after the other in this process
+(TRL's GRPOTrainer built by `pipeline.worker.build_grpo_trainer`, the reward pool's Ray actors,
+the project's Evaluator for the held-out `eval/score`).
+
+Reported per arm: the fraction of trained groups whose weighted total reward has std < 0.01 (every
+generated group without dynamic sampling; the groups that reach the loss with it), the held-out
+`eval/score` gain (last - first evaluation), and seconds per optimizer step (HF's train_runtime).
+
+    python bench/dynamic_sampling.py [--steps N] [--seed S] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+LOW_STD = 0.01
+TASK = ["data.min_reference_words=10"]  # bench/pathologies.py's long-answer task
+REWARD = ["rewards.weights={rouge_l: 0.0, length: 0.0, judge: 0.0, eos: 1.0}"]  # sparse: stopped or cut
+
+
+def bench_config(steps: int, seed: int, root: Path, dynamic: bool):
+    from pipeline.config import load_config
+
+    return load_config(REPO / "configs" / "seed-baseline.yaml", [
+        f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
+        "output.save_steps=100000", "logging.progress_bar=false", f"eval.every_steps={max(5, steps // 4)}",
+        f"grpo.dynamic_sampling.enabled={str(dynamic).lower()}", *TASK, *REWARD,
+    ])
+
+
+def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool) -> dict:
+    """One arm in this process: the worker's own construction, minus Ray Train."""
+    import torch
+    from transformers import TrainerCallback
+
+    from pipeline.data import load_records
+    from pipeline.dynamic_sampling import group_std
+    from pipeline.length_control import CompletionLengthControl
+    from pipeline.reward_clients import make_pool_reward_funcs
+    from pipeline.run_callbacks import Evaluator
+    from pipeline.worker import SelfJudge, build_grpo_trainer, load_policy
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    cfg = bench_config(steps, seed, root, dynamic)
+    run_dir = root / ("with" if dynamic else "without")
+    train, evals, _ = load_records(cfg.data, log=None)
+    tokenizer, model, eos_ids = load_policy(cfg, on_gpu=False)
+    length_ctl = CompletionLengthControl(cfg, log=lambda _m: None)
+    self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens) if cfg.judge.backend == "self" else None
+    funcs, weights = make_pool_reward_funcs(pool, cfg, eos_ids, lambda: length_ctl.current, self_judge)
+    eval_rows: list[dict] = []
+    evaluator = Evaluator(cfg, evals, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=eval_rows.append)
+    logs: list[dict] = []
+
+    class Keep(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            history.append(dict(logs or {}))
+
+    history = logs
+
+    trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train, funcs, weights, [length_ctl, Keep(), evaluator])
+    length_ctl.bind(trainer)
+    evaluator.trainer = trainer
+    if self_judge is not None:
+        self_judge.trainer = trainer
+
+    G = cfg.generation.num_generations
+    stds: list[float] = []  # per trained group
+    if not dynamic:  # every generated group is trained: record them as TRL scores them
+        calc = trainer._calculate_rewards
+
+        def record(*a, **k):
+            r = calc(*a, **k)
+            total = (r * trainer.reward_weights.to(r.device)).nansum(dim=1).float().cpu()
+            stds.extend(group_std(total, G).tolist())
+            return r
+
+        trainer._calculate_rewards = record
+    trainer.train()
+    if dynamic:
+        stds = [s for t in trainer.dynamic_sampling_trace for s in t["trained_std"]]
+    final = next(r for r in reversed(logs) if "train_runtime" in r)
+    ds_rows = [r for r in logs if "dynamic_sampling/rounds" in r]
+
+    def mean(key):
+        xs = [r[key] for r in ds_rows if key in r]
+        return sum(xs) / len(xs) if xs else None
+
+    scores = [r["eval/score"] for r in eval_rows]
+    return {
+        "frac_low_std_groups_trained": sum(s < LOW_STD or s != s for s in stds) / len(stds) if stds else None,
+        "groups_trained": len(stds),
+        "eval_score_first": scores[0] if scores else None,
+        "eval_score_last": scores[-1] if scores else None,
+        "eval_score_gain": scores[-1] - scores[0] if len(scores) > 1 else None,
+        "sec_per_step": final["train_runtime"] / steps,
+        "frac_reward_zero_std": sum(r.get("frac_reward_zero_std", 0) for r in logs) / max(1, sum("frac_reward_zero_std" in r for r in logs)),
+        "ds_rounds_mean": mean("dynamic_sampling/rounds"),
+        "ds_frac_kept_mean": mean("dynamic_sampling/frac_kept"),
+        "ds_short_steps": sum(r.get("dynamic_sampling/short_step", 0) for r in ds_rows) if ds_rows else None,
+        "ds_extra_generation_seconds_mean": mean("dynamic_sampling/extra_generation_seconds"),
+    }
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    import ray
+
+    from pipeline.reward_pool import start_pool, stop_pool
+
+    t0 = time.time()
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        pool = start_pool(bench_config(args.steps, args.seed, root, False))
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # HF's log printer: keep stdout for the result
+                result = {"without": run_arm(args.steps, args.seed, root, False, pool),
+                          "with": run_arm(args.steps, args.seed, root, True, pool)}
+        finally:
+            stop_pool(pool)
+    ray.shutdown()
+    w, wo = result["with"], result["without"]
+    result["meta"] = {"steps": args.steps, "seed": args.seed, "seconds": time.time() - t0,
+                      "sec_per_step_ratio": w["sec_per_step"] / wo["sec_per_step"], "machine": f"{os.cpu_count()} CPUs"}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"dynamic sampling off/on, seed-baseline settings, {args.steps} steps, seed {args.seed}, {result['meta']['machine']}")
+    print(f"{'':34}{'without':>12}{'with':>12}")
+    for k in wo:
+        print(f"{k:34}{_fmt(wo[k]):>12}{_fmt(w[k]):>12}")
+    print(f"sec_per_step ratio (with / without): {result['meta']['sec_per_step_ratio']:.2f}; "
+          f"total {result['meta']['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
