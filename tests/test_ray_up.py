@@ -176,7 +176,8 @@ class Node:
 
     def run(self, cmd: list[str], timeout: float = 120, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
         """A command on this machine inside the node's namespaces (as the machine `ray up` runs from)."""
-        return subprocess.run(["nsenter", "--target", str(self.init_pid), "--net", "--mount", "--pid", "--", *cmd],
+        # --wd: entering a mount namespace resets the working directory to its root.
+        return subprocess.run(["nsenter", "--target", str(self.init_pid), "--net", "--mount", "--pid", f"--wd={REPO}", "--", *cmd],
                               env=env or self.env(), cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw)
 
     def http(self, url: str, token: str | None = None) -> tuple[int, str]:
