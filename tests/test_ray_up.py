@@ -33,8 +33,6 @@ import pytest
 from pipeline.run_callbacks import prometheus_name, read_metrics
 from tests.test_cluster import CLUSTER_YAML, RAY_NS, REPO, clean_env, ray_cli
 
-pytestmark = pytest.mark.slow
-
 FILL_IN_KEYS = {"head_ip", "worker_ips", "ssh_user", "ssh_private_key"}
 LAN_IP = "10.213.0.1"  # what Ray's own address detection finds in the namespace (the default route's source)
 HEAD_IP = "10.213.0.2"  # head_ip: the machine's other address, under which the node must register
@@ -208,6 +206,7 @@ class Node:
             self.proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_ray_up_job_prometheus_ray_down(tiny_policy, tmp_path):
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
         pytest.skip("needs root and util-linux's unshare/nsenter (namespaces for an isolated sshd node)")
