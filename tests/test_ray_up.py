@@ -234,7 +234,9 @@ def test_ray_up_job_prometheus_ray_down(tiny_policy, tmp_path):
         t0 = time.time()
         up = node.run([ray_cli(), "up", "-y", str(config)], timeout=600)
         up_log = up.stdout + up.stderr
-        if up.returncode != 0 and "The current node timed out during startup" in up_log:
+        for _ in range(2):
+            if up.returncode == 0 or "The current node timed out during startup" not in up.stdout + up.stderr:
+                break
             # `ray start` gives the raylet a hard-coded 30 s to register; a loaded machine can miss it. `ray up`
             # is made to be run again (setup skips what is done, the start commands restart Ray).
             up = node.run([ray_cli(), "up", "-y", str(config)], timeout=600)
@@ -297,7 +299,7 @@ def test_ray_up_job_prometheus_ray_down(tiny_policy, tmp_path):
         logs = json.loads(logs)["logs"] if code == 200 else logs
         (tmp_path / "job.log").write_text(logs)
         assert status == "SUCCEEDED", f"job {status}:\n{logs[-5000:]}"
-        assert job["metadata"] == {**metadata, "job_submission_id": sub_id} or job["metadata"] == metadata, job["metadata"]
+        assert metadata.items() <= job["metadata"].items(), job["metadata"]
 
         # The run directory, where the config put it.
         run_dir = out_root / run_name
