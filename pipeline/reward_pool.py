@@ -213,9 +213,12 @@ def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
     judge_cls = ray.remote(JudgeWorker)
     scorer_cls = ray.remote(ScorerWorker)
     judges, scorers, jn, sn = [], [], [], []
+    # Unshared pools are named too, by role and run, for the dashboard (a tag keeps two pools of a run apart).
+    run_tag = f"{cfg.output.run_name}#{os.urandom(2).hex()}"
     for i in range(j.num_actors):
         actor_name = f"{name}-judge-{i}" if name else None
-        extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name else {}
+        extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name \
+            else dict(name=f"judge-{i}@{run_tag}")
         judges.append(
             judge_cls.options(**judge_opts, **extra).remote(
                 backend, model, j.max_input_tokens, judge_opts["num_gpus"] > 0, j.max_batch_size
@@ -224,7 +227,8 @@ def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
         jn.append(actor_name or f"judge-{i} ({backend}:{model})")
     for i in range(j.num_scorer_actors):
         actor_name = f"{name}-scorer-{i}" if name else None
-        extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name else {}
+        extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name \
+            else dict(name=f"scorer-{i}@{run_tag}")
         scorers.append(scorer_cls.options(num_cpus=0, **opts, **extra).remote())
         sn.append(actor_name or f"scorer-{i}")
     try:

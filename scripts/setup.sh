@@ -8,6 +8,10 @@
 # driver that supports CUDA 13, else cu128, else cu126 (TORCH_CUDA=cu128 or TORCH_INDEX_URL overrides).
 # Extras: ./scripts/setup.sh test | vllm | test,vllm. The vllm extra needs a GPU; vLLM pins the CUDA
 # torch it was built against, so with it that torch is installed instead of the pinned one.
+# Idempotent: a .venv installed by this script with the same pyproject.toml, setup.sh, torch version
+# and extras (or a superset of the extras asked for) is left alone in about a second, so `ray up`,
+# which runs this on every node each time, reinstalls nothing when nothing changed. FORCE=1 reinstalls;
+# CHECK=1 only tells (exit 0: up to date, 1: an install is due).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -17,6 +21,19 @@ case ",$extras," in *,vllm,*) wants_vllm=1 ;; esac
 if [ "$wants_vllm" = 1 ] && ! has_gpu; then
   echo "setup.sh: the vllm extra needs an NVIDIA GPU (nvidia-smi finds none); vLLM would pull a multi-GB CUDA torch" >&2
   exit 2
+fi
+stamp=.venv/.synth-grpo-setup
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-torch${TORCH_VERSION:-2.13.0}"
+if [ -z "${FORCE:-}" ] && [ -f "$stamp" ] && .venv/bin/python -c "import torch, pipeline" 2>/dev/null; then
+  read -r have have_extras < "$stamp" || true
+  if [ "$have" = "$want" ] && { [ -z "$extras" ] || [ "$extras" = "${have_extras:-}" ]; }; then
+    echo "setup.sh: .venv is up to date (${want}${have_extras:+, extras: $have_extras}); nothing to install"
+    exit 0
+  fi
+fi
+if [ -n "${CHECK:-}" ]; then
+  echo "setup.sh: .venv is missing or out of date (want ${want}${extras:+, extras: $extras})"
+  exit 1
 fi
 python3 -m venv .venv
 . .venv/bin/activate
@@ -37,3 +54,4 @@ fi
 # DeepSpeed builds against the installed torch; build isolation would fetch another torch.
 pip install -q --no-build-isolation "deepspeed>=0.16" || pip install -q "deepspeed>=0.16"
 pip install -q -e ".${extras:+[$extras]}"
+echo "$want $extras" > "$stamp"

@@ -55,7 +55,7 @@ BROKEN = {
     "misspelled top-level key": ("file_mounts:", "file_mount:"),
     "worker_ips not a list": ("worker_ips: [192.168.1.11]", "worker_ips: 192.168.1.11"),
     "misspelled ssh user": ("ssh_user:", "ssh_usr:"),
-    "start commands not a list": ("head_start_ray_commands:\n  - ray stop\n  - >-", "head_start_ray_commands: >-"),
+    "start commands not a list": ("worker_start_ray_commands:\n  - ray stop\n  - >-", "worker_start_ray_commands: >-"),
     "no head_ip": ("  head_ip:", "  # head_ip:"),
 }
 
@@ -84,7 +84,8 @@ def test_cluster_yaml_secure_settings():
     (worker,) = _start_commands(config, "worker")
     for cmd in (head, worker):
         assert re.search(r"(^|[\s;])RAY_AUTH_MODE=token\s", cmd), cmd  # fails closed: no token, no start
-        assert re.search(r"--num-gpus=\d+", cmd), cmd
+        assert "--num-gpus" not in cmd, cmd  # Ray counts each node's GPUs; a CPU node must not advertise any
+        assert "${RAY_CLOUD_INSTANCE_ID:+--node-ip-address=$RAY_CLOUD_INSTANCE_ID}" in cmd  # the provider's IP
         assert "--metrics-export-port=" in cmd
     assert "--dashboard-host=127.0.0.1" in head
     assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
@@ -92,6 +93,75 @@ def test_cluster_yaml_secure_settings():
     assert "chmod 600 ~/.ray/auth_token" in setup and "export RAY_AUTH_MODE=token" in setup
     assert "./scripts/setup.sh" in setup
     assert "0.0.0.0" not in CLUSTER_YAML.read_text()
+
+
+def _setup_command(config: dict, word: str) -> str:
+    (cmd,) = [c for c in config["setup_commands"] if word in c]
+    return cmd
+
+
+def _fake_pci(root: Path, devices: dict[str, tuple[str, str]]) -> None:
+    for name, (vendor, cls) in devices.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "vendor").write_text(vendor + "\n")
+        (root / name / "class").write_text(cls + "\n")
+
+
+GPU_CASES = {  # PCI devices, nvidia-smi present, expected exit status, expected output
+    "cpu machine": ({"0000:00:02.0": ("0x8086", "0x030000"), "0000:00:1f.0": ("0x10de", "0x060100")}, False, 0, "a CPU node"),
+    "gpu, driver sees it": ({"0000:3b:00.0": ("0x10de", "0x030200")}, True, 0, "GPU 0: fake"),
+    "gpu, no driver": ({"0000:3b:00.0": ("0x10de", "0x030200")}, False, 1, "nvidia-smi cannot see it"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_gpu_check_runs_only_where_an_nvidia_gpu_is(case, tmp_path):
+    """cluster.yaml's GPU check, run as is against a fake PCI bus (a tmpfs over /sys/bus/pci/devices in a private
+    mount namespace): nvidia-smi is required only where an NVIDIA display/3D controller is."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare to put a fake PCI bus in a private mount namespace")
+    devices, has_smi, rc, out = GPU_CASES[case]
+    cmd = _setup_command(yaml.safe_load(CLUSTER_YAML.read_text()), "nvidia-smi")
+    _fake_pci(tmp_path / "pci", devices)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if has_smi:  # stands in for the driver's tool, which this machine does not have
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: fake (UUID: GPU-0)'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    script = f"mount -t tmpfs tmpfs /sys/bus/pci/devices && cp -r {tmp_path}/pci/. /sys/bus/pci/devices/ && {cmd}"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(tmp_path)}
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert (r.returncode != 0) == bool(rc) and out in r.stdout + r.stderr, (r.returncode, r.stdout, r.stderr)
+
+
+def test_file_limit_raised_only_where_allowed():
+    """The start commands' ulimit prefix: 65536 where the hard limit allows, else the hard limit and a warning."""
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    for kind in ("head", "worker"):
+        (cmd,) = _start_commands(config, kind)
+        prefix = cmd[: cmd.index("RAY_AUTH_MODE=token")]
+        assert prefix.strip().startswith("{ ulimit -n 65536"), prefix
+        low = subprocess.run(["bash", "-c", f"ulimit -Sn 1024; ulimit -Hn 4096; {prefix} ulimit -Sn"],
+                             capture_output=True, text=True, timeout=10)
+        assert low.returncode == 0 and low.stdout.splitlines()[-1] == "4096", low
+        assert "WARNING: open-file hard limit 4096 < 65536" in low.stdout
+        hard = subprocess.run(["bash", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
+        if hard == "unlimited" or int(hard) >= 65536:
+            ok = subprocess.run(["bash", "-c", f"{prefix} ulimit -Sn"], capture_output=True, text=True, timeout=10)
+            assert ok.stdout.strip() == "65536" and "WARNING" not in ok.stdout, ok
+
+
+def test_cluster_yaml_mounts_what_setup_needs():
+    """`ray up` hashes every file under each mounted folder: mount the package, not the checkout with .venv/.git."""
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    mounts = {k: v for k, v in config["file_mounts"].items() if k.startswith("~/synth-grpo/")}
+    assert "." not in mounts.values() and all((REPO / v).exists() for v in mounts.values())
+    pyproject = (REPO / "pyproject.toml").read_text()
+    packages = re.search(r"packages = \[(.*?)\]", pyproject).group(1)
+    tops = {p.strip().strip('"').split(".")[0] for p in packages.split(",")}
+    assert tops | {"pyproject.toml", "README.md", "scripts"} <= set(mounts.values()), sorted(mounts.values())
+    assert mounts["~/synth-grpo/docs"] == "docs"  # start_monitoring.sh copies docs/grafana/ to Grafana
 
 
 def docs_yaml_block(marker: str) -> dict:
