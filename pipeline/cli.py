@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return doctor_cli(args)
         cfg = load_config(args.config, args.overrides)
+        if args.command in ("train", "tune"):  # before Ray: one warning line per setting that cannot change the run
+            __import__("pipeline.inert").inert.warn_inert(cfg)
         if args.command == "train":
             from pipeline.train import train_cli
 
