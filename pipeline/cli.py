@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
+from pipeline.inert import warn_inert
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             return doctor_cli(args)
         cfg = load_config(args.config, args.overrides)
         if args.command in ("train", "tune"):  # before Ray: one warning line per setting that cannot change the run
-            __import__("pipeline.inert").inert.warn_inert(cfg)
+            warn_inert(cfg)
         if args.command == "train":
             from pipeline.train import train_cli
 
