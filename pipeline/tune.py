@@ -244,8 +244,8 @@ def _error_line(err: BaseException | None) -> str:
     return line[:300]
 
 
-def saved_trials(tune_dir: Path) -> list[tuple[str, str, Any]]:
-    """(trial id, status, Result) per trial, as Tune saved them: what ``--resume`` will see.
+def saved_trials(tune_dir: Path) -> list[tuple[str, str, dict, Any]]:
+    """(trial id, status, searched config, Result) per trial, as Tune saved them: what ``--resume`` will see.
 
     Tune's public readers of a saved experiment (``ExperimentAnalysis`` on the folder, ``ResultGrid``
     over it). The grid ``Tuner.fit()`` returns is not used: on Ctrl-C Tune marks the trials it stopped
@@ -254,22 +254,23 @@ def saved_trials(tune_dir: Path) -> list[tuple[str, str, Any]]:
     from ray.tune import ExperimentAnalysis, ResultGrid
 
     analysis = ExperimentAnalysis(str(tune_dir), default_metric=OBJECTIVE, default_mode="max")
-    return [(t.trial_id, t.status, r) for t, r in zip(analysis.trials, ResultGrid(analysis))]
+    # The trial's own config: a trial that failed before reporting has none in its Result.
+    return [(t.trial_id, t.status, dict(t.config or {}), r) for t, r in zip(analysis.trials, ResultGrid(analysis))]
 
 
-def collect_rows(trials: Sequence[tuple[str, str, Any]], space: SearchSpace, base: dict[str, Any],
+def collect_rows(trials: Sequence[tuple[str, str, dict, Any]], space: SearchSpace, base: dict[str, Any],
                  exp_dir: Path) -> tuple[list[dict], list[str], bool]:
     """One row per trial (from ``saved_trials``), sorted by the objective (best first), trials without a score last."""
     keys = list(space.searched_keys)
     if "generation.num_generations" in keys and "optimization.per_device_train_batch_size" not in keys:
         keys.append("optimization.per_device_train_batch_size")
     rows, interrupted = [], False
-    for trial_id, status, result in trials:
+    for trial_id, status, params, result in trials:
         metrics = result.metrics or {}
         row: dict[str, Any] = {"trial_id": trial_id, OBJECTIVE: metrics.get(OBJECTIVE), TIME_ATTR: metrics.get(TIME_ATTR)}
         error = _error_line(result.error)
         try:
-            cfg = space.trial_config(base, dict(result.config or {}))
+            cfg = space.trial_config(base, params)
             values = cfg.to_dict()
             for k in keys:
                 node: Any = values

@@ -270,7 +270,7 @@ def test_results_rows_status_sorting_csv_and_best_config(tmp_path):
         if step == 4:
             (run_dir / "adapter" / "adapter_config.json").write_text("{}")
         metrics = {} if score is None else {OBJECTIVE: score, "step": step}
-        grid.append((t, states[t], SimpleNamespace(metrics=metrics, error=err, config=draws(1e-5 * (i + 1)))))
+        grid.append((t, states[t], draws(1e-5 * (i + 1)), SimpleNamespace(metrics=metrics, error=err)))
 
     rows, columns, interrupted = collect_rows(grid, s, base.to_dict(), exp)
     assert interrupted  # run5 was RUNNING in the saved state
@@ -315,14 +315,14 @@ def test_saved_trials_reads_tunes_saved_state_through_its_public_api(ray_local, 
     )
     tuner.fit()
     got = saved_trials(tmp_path / "tune")
-    assert len(got) == 4 and len({t for t, _, _ in got}) == 4
-    for trial_id, status, result in got:
+    assert len(got) == 4 and len({t for t, _, _, _ in got}) == 4
+    for trial_id, status, config, result in got:
         assert isinstance(trial_id, str) and trial_id
-        if result.config["fail"]:
+        if config["fail"]:  # failed before reporting: the config comes from the trial, not its (empty) result
             assert status == "ERROR" and "bad trial" in str(result.error) and OBJECTIVE not in (result.metrics or {})
         else:
             assert status == "TERMINATED" and result.error is None
-            assert result.metrics[OBJECTIVE] == 2 * result.config["x"] and result.metrics["step"] == 2
+            assert result.metrics[OBJECTIVE] == 2 * config["x"] and result.metrics["step"] == 2
 
 
 # ---------------------------------------------------------------- real searches (tiny models, CPU)
