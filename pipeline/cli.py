@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
+from pipeline.inert import warn_inert
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return compare_cli(args)
         cfg = load_config(args.config, args.overrides)
+        if args.command in ("train", "tune"):  # before Ray: one warning line per setting that cannot change the run
+            warn_inert(cfg)
         if args.command == "train":
             from pipeline.train import train_cli
 

@@ -18,9 +18,11 @@ import json
 from array import array
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+
+from pipeline.inert import one_step_per_rollout, rollout_text
 
 # ---------------------------------------------------------------- settings and findings
 
@@ -44,10 +46,13 @@ class RuleSettings:
     plateau_fraction: float = 0.25  # ... growing to this share of the steps seen
     plateau_planned_fraction: float = 0.02  # ... and at least this share of the planned run (config max_steps)
     plateau_max_window: int = 1000
-    plateau_min_gain: float = 0.01  # mean reward must have gained at least this over the last window ...
+    plateau_min_gain: float = 0.01  # reward_plateau: the tail's trend bounds the gain per window below this ...
     plateau_rel_gain: float = 0.1  # ... and, if it rose before, its rate must be below this share of the earlier rate
     divergence_min_change: float = 0.01  # judge up and ROUGE-L down by at least this ...
     confidence_z: float = 3.0  # ... and by this many standard errors (plateau: the gain's upper bound)
+    # Logged steps of the whole run when no config says (optimization.max_steps): `diagnose` sets it to the
+    # stream's length, so after the fact long windows are scaled to the run that was actually logged.
+    planned_rows: int | None = None
 
     def window(self, seen: int) -> int:
         return min(self.max_window, max(self.min_window, int(self.window_fraction * seen)))
@@ -66,12 +71,24 @@ class Finding:
     evidence: dict[str, Any]  # the steps and numbers the rule saw
     why: str  # why it matters
     advice: list[str] = field(default_factory=list)  # "config.key: value — reason"
+    status: str = "active"  # "active": it still holds at the last logged step; "resolved": it stopped holding
+    last_step: int | None = None  # the last logged step at which it held (its span is first_step..last_step)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def resolved(self) -> bool:
+        return self.status == "resolved"
+
+    def span(self) -> str:
+        last = self.first_step if self.last_step is None else self.last_step
+        return f"step {self.first_step}" if last == self.first_step else f"steps {self.first_step}-{last}"
+
     def format(self) -> str:
-        lines = [f"[{self.rule}] step {self.first_step}: {self.summary}", f"  why: {self.why}", "  change:"]
+        head = (f"[{self.rule}] resolved, held at {self.span()} and no longer at the end: {self.summary}" if self.resolved
+                else f"[{self.rule}] step {self.first_step}: {self.summary}")
+        lines = [head, f"  why: {self.why}", "  change:"]
         lines += [f"    - {a}" for a in self.advice]
         return "\n".join(lines)
 
@@ -112,6 +129,9 @@ class History:
         self._sum: dict[str, array] = {}
         self._sq: dict[str, array] = {}
         self._cnt: dict[str, array] = {}
+        self._si: dict[str, array] = {}  # sums of the row index, its square, and index x value: trend fits
+        self._si2: dict[str, array] = {}
+        self._siv: dict[str, array] = {}
         for r in rows:
             self.append(r)
 
@@ -129,12 +149,17 @@ class History:
             if k not in self._raw and (k in TRACKED or k.startswith("rewards/")) and _num(v) is not None:
                 self._raw[k], self._sum[k] = array("d", [NAN]) * n, array("d", [0.0]) * (n + 1)
                 self._sq[k], self._cnt[k] = array("d", [0.0]) * (n + 1), array("q", [0]) * (n + 1)
+                self._si[k], self._si2[k], self._siv[k] = (array("d", [0.0]) * (n + 1) for _ in range(3))
         for k, raw in self._raw.items():
             v = _num(row.get(k))
             raw.append(NAN if v is None else v)
+            x = float(n) if v is not None else 0.0
             self._sum[k].append(self._sum[k][-1] + (v or 0.0))
             self._sq[k].append(self._sq[k][-1] + (v or 0.0) ** 2)
             self._cnt[k].append(self._cnt[k][-1] + (v is not None))
+            self._si[k].append(self._si[k][-1] + x)
+            self._si2[k].append(self._si2[k][-1] + x * x)
+            self._siv[k].append(self._siv[k][-1] + x * (v or 0.0))
         return True
 
     def has(self, key: str) -> bool:
@@ -170,6 +195,22 @@ class History:
         m = (self._sum[key][b] - self._sum[key][a]) / n
         var = max((self._sq[key][b] - self._sq[key][a]) / n - m * m, 0.0) * n / (n - 1)
         return math.sqrt(var / n)
+
+    def trend(self, key: str, a: int, b: int, min_count: int = 3) -> tuple[float, float] | None:
+        """Least-squares slope of key per logged row over rows [a, b) and its standard error (O(1));
+        None with fewer than min_count values."""
+        a = max(a, 0)
+        n = self.count(key, a, b)
+        if n < max(min_count, 3):
+            return None
+        d = lambda arr: arr[key][b] - arr[key][a]  # noqa: E731
+        sx, sy, sxx, sxy, syy = d(self._si), d(self._sum), d(self._si2), d(self._siv), d(self._sq)
+        cxx, cxy, cyy = sxx - sx * sx / n, sxy - sx * sy / n, syy - sy * sy / n
+        if cxx <= 0:
+            return None
+        slope = cxy / cxx
+        resid = max(cyy - slope * cxy, 0.0) / (n - 2)
+        return slope, math.sqrt(resid / cxx)
 
     def first_index_with(self, key: str, k: int) -> int | None:
         """Prefix length at which the k-th value of key is present, or None."""
@@ -227,11 +268,11 @@ def _lower_lr(cfg: Mapping[str, Any] | None) -> float:
     return 5e-6 if lr is None or lr > 5e-6 else float(f"{lr / 2:.1g}")
 
 
-def _planned_rows(cfg: Mapping[str, Any] | None) -> int | None:
-    """Logged steps the run will have: optimization.max_steps / logging.logging_steps."""
+def _planned_rows(cfg: Mapping[str, Any] | None, s: RuleSettings | None = None) -> int | None:
+    """Logged steps the run will have: optimization.max_steps / logging.logging_steps, else the settings' planned_rows."""
     steps, every = _cfg(cfg, "optimization.max_steps"), _cfg(cfg, "logging.logging_steps", 1)
     ok = isinstance(steps, int) and isinstance(every, int) and every > 0
-    return steps // every if ok else None
+    return steps // every if ok else (s.planned_rows if s is not None else None)
 
 
 def _more_generations(cfg: Mapping[str, Any] | None) -> int:
@@ -299,7 +340,9 @@ def entropy_collapse(h: History, end: int, s: RuleSettings, cfg: Mapping[str, An
         [
             _advice(cfg, "grpo.adaptive_entropy", True, "TRL's controller raises the entropy bonus while entropy is below the target"),
             _advice(cfg, "grpo.entropy_target", target, f"about half the early entropy ({early:.2f})"),
-            _advice(cfg, "grpo.epsilon_high", 0.28, "clip-higher (DAPO) lets unlikely tokens gain probability"),
+            _advice(cfg, "grpo.epsilon_high", 0.28, "clip-higher (DAPO) lets unlikely tokens gain probability" + (
+                "; it acts only with grpo.num_iterations >= 2 or a larger generation.steps_per_generation: here "
+                f"{_rollout_ratio_one(cfg)}" if _rollout_ratio_one(cfg) else "")),
             _advice(cfg, "optimization.learning_rate", _lower_lr(cfg), "a lower peak LR slows the collapse"),
         ],
     )
@@ -313,6 +356,19 @@ def _region_clip(h: History, a: int, b: int, min_count: int) -> float | None:
     return m
 
 
+def _rollout_ratio_one(cfg: Mapping[str, Any] | None) -> str | None:
+    """When the config says each rollout is used up inside one optimizer step, the PPO ratio is exactly 1 and
+    the clip ratios are 0 by construction: the reason as text, else None (also None without a config)."""
+    if cfg is None:
+        return None
+    ga, spg, it = (_cfg(cfg, "optimization.gradient_accumulation_steps", 1), _cfg(cfg, "generation.steps_per_generation"),
+                   _cfg(cfg, "grpo.num_iterations", 1))
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in (ga, it)) or not (
+            spg is None or isinstance(spg, int) and spg >= 1):
+        return None
+    return rollout_text(ga, spg, it) if one_step_per_rollout(ga, spg, it) else None
+
+
 def no_effective_update(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
     w = s.window(end)
     a = end - w
@@ -321,17 +377,26 @@ def no_effective_update(h: History, end: int, s: RuleSettings, cfg: Mapping[str,
     need = max(2, w // 2)
     clip = _region_clip(h, a, end, need)
     rstd = h.mean("reward_std", a, end, need)
-    if clip is None or rstd is None or clip > s.clip_zero or rstd >= s.reward_std_min:
+    # With the ratio exactly 1 by construction, zero clip ratios are expected and prove nothing: only the
+    # reward spread counts then.
+    by_construction = _rollout_ratio_one(cfg)
+    if rstd is None or rstd >= s.reward_std_min or (not by_construction and (clip is None or clip > s.clip_zero)):
         return None
     ev = {"steps": _span(h, a, end), "logged_steps": w, "clip_ratio_region_mean": _r(clip, 6), "reward_std_mean": _r(rstd, 5),
-          "frac_reward_zero_std_mean": _r(h.mean("frac_reward_zero_std", a, end)), "reward_std_threshold": s.reward_std_min}
+          "frac_reward_zero_std_mean": _r(h.mean("frac_reward_zero_std", a, end)), "reward_std_threshold": s.reward_std_min,
+          "clip_ratio_zero_by_construction": bool(by_construction)}
+    if by_construction:
+        summary = (f"reward_std {rstd:.4f} (< {s.reward_std_min}) over steps {ev['steps'][0]}-{ev['steps'][1]}; the clip "
+                   f"ratios are 0 by construction here ({by_construction}), so they are no symptom")
+        why = ("advantages are rewards minus the group mean: with almost no reward spread they are ~0 and the optimizer "
+               "steps change almost nothing")
+    else:
+        summary = (f"clip_ratio/region_mean {clip:.2g} and reward_std {rstd:.4f} (< {s.reward_std_min}) over steps "
+                   f"{ev['steps'][0]}-{ev['steps'][1]}")
+        why = ("advantages are rewards minus the group mean: with almost no reward spread they are ~0, the policy ratio "
+               "never leaves the clip region, and the optimizer steps change almost nothing")
     return Finding(
-        "no_effective_update", h.steps[end - 1],
-        f"clip_ratio/region_mean {clip:.2g} and reward_std {rstd:.4f} (< {s.reward_std_min}) over steps "
-        f"{ev['steps'][0]}-{ev['steps'][1]}",
-        ev,
-        "advantages are rewards minus the group mean: with almost no reward spread they are ~0, the policy ratio never "
-        "leaves the clip region, and the optimizer steps change almost nothing",
+        "no_effective_update", h.steps[end - 1], summary, ev, why,
         [
             _advice(cfg, "generation.num_generations", _more_generations(cfg),
                     "more completions per prompt, more spread within each group (`synth-grpo plan` says what fits)"),
@@ -436,32 +501,43 @@ def length_schedule_ignored(h: History, end: int, s: RuleSettings, cfg: Mapping[
 
 
 def reward_plateau(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
-    # Three windows of w logged steps: the first, the one before the last, and the last. "No improvement" must
-    # hold with confidence (gain + z SE below plateau_min_gain), so noise alone rarely makes a plateau; and if
-    # the reward rose before, its rate over the last window must have fallen below plateau_rel_gain of the
-    # earlier rate, so a slow but steady climb is not a plateau either.
-    w = s.plateau_window(end, _planned_rows(cfg))
-    a, m = end - 2 * w, end - w
-    if a < w:
+    # Evidence proportionate to the run. The tail is the last 2w logged steps (w grows with the steps seen and
+    # with the planned run); a least-squares trend over the whole tail, at its upper confidence bound (z SE),
+    # must gain less than plateau_min_gain per window. Then either the reward rose before the tail (a
+    # significant trend over the head worth at least plateau_min_gain) and the tail's rate is below
+    # plateau_rel_gain of that earlier rate; or it never rose, and the trend over the whole run bounds the gain
+    # of as many steps again below plateau_min_gain. A slow but steady climb is neither.
+    w = s.plateau_window(end, _planned_rows(cfg, s))
+    t = end - 2 * w
+    if t < w:
         return None
-    R, need = "reward", max(2, w // 2)
-    first, prev, last = h.mean(R, 0, w, need), h.mean(R, a, m, need), h.mean(R, m, end, need)
-    if None in (first, prev, last):
+    R, z = "reward", s.confidence_z
+    tail, head, whole = h.trend(R, t, end, w), h.trend(R, 0, t, max(3, t // 2)), h.trend(R, 0, end, end // 2)
+    first, last = h.mean(R, 0, w), h.mean(R, end - w, end)
+    if None in (tail, head, whole, first, last):
         return None
-    gain = last - prev
-    ucb = gain + s.confidence_z * math.hypot(h.sem(R, a, m), h.sem(R, m, end))
-    earlier = prev - first
-    rose = earlier > s.confidence_z * math.hypot(h.sem(R, 0, w), h.sem(R, a, m))
-    if ucb >= s.plateau_min_gain or (rose and ucb / w >= s.plateau_rel_gain * earlier / a):
+    tail_ucb = tail[0] + z * tail[1]
+    if tail_ucb * w >= s.plateau_min_gain:
         return None
-    ev = {"first_reward": _r(first), "previous_window": [_r(prev)] + _span(h, a, m), "last_window": [_r(last)] + _span(h, m, end),
-          "gain": _r(gain), "gain_upper_bound": _r(ucb), "earlier_gain": _r(earlier), "window": w,
+    rose = head[0] - z * head[1] > 0 and head[0] * t >= s.plateau_min_gain
+    whole_ucb = whole[0] + z * whole[1]
+    if (tail_ucb >= s.plateau_rel_gain * head[0]) if rose else (whole_ucb * end >= s.plateau_min_gain):
+        return None
+    ev = {"first_window": [_r(first)] + _span(h, 0, w), "last_window": [_r(last)] + _span(h, end - w, end),
+          "tail_steps": _span(h, t, end), "tail_gain_per_window": _r(tail[0] * w), "tail_gain_upper_bound": _r(tail_ucb * w),
+          "rose_before": rose, "earlier_gain_per_window": _r(head[0] * w) if rose else None,
+          "run_gain_upper_bound": None if rose else _r(whole_ucb * end), "window": w,
           "min_gain": s.plateau_min_gain, "rel_gain": s.plateau_rel_gain}
+    tail_text = (f"the trend over steps {ev['tail_steps'][0]}-{ev['tail_steps'][1]} gains {tail[0] * w:+.4f} "
+                 f"(at most {tail_ucb * w:+.4f}) per {w} logged steps")
+    if rose:
+        tail_text += f", under {100 * s.plateau_rel_gain:.0f}% of the earlier {head[0] * w:+.4f}"
+    else:
+        tail_text += f"; it never rose: at most {whole_ucb * end:+.4f} over as many steps again"
     return Finding(
         "reward_plateau", h.steps[end - 1],
-        f"mean reward {first:.3f} at the start, {prev:.3f} over steps {ev['previous_window'][1]}-{ev['previous_window'][2]}, "
-        f"{last:.3f} over steps {ev['last_window'][1]}-{ev['last_window'][2]}: a gain of {gain:+.4f} "
-        f"(at most {ucb:+.4f}) in {w} logged steps",
+        f"mean reward {first:.3f} over steps {ev['first_window'][1]}-{ev['first_window'][2]}, {last:.3f} over steps "
+        f"{ev['last_window'][1]}-{ev['last_window'][2]}; {tail_text}",
         ev,
         "more steps at these settings buy nothing; a plateau with never_stops, no_effective_update or "
         "zero_variance_groups is their symptom, so fix those first",
@@ -474,7 +550,7 @@ def reward_plateau(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any]
 
 
 def judge_rouge_divergence(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
-    w = s.plateau_window(end, _planned_rows(cfg))
+    w = s.plateau_window(end, _planned_rows(cfg, s))
     a, m = end - 2 * w, end - w
     if a < 0:
         return None
@@ -533,19 +609,53 @@ def check(h: History, end: int | None = None, settings: RuleSettings | None = No
     return [f for f in out if f is not None]
 
 
+class Tracker:
+    """Each rule over a growing history: the finding from the step it first held; `settle` then marks it
+    active or resolved (with the last step it held) at the end of the history. The one bookkeeping shared
+    by the doctor's replay and the live callback."""
+
+    def __init__(self, settings: RuleSettings | None = None, config: Any = None, rules: Iterable[str] | None = None):
+        self.settings, self.config = settings or RuleSettings(), _as_dict(config)
+        self.pending = [r for r in (rules or RULES) if r in RULES]
+        self.found: dict[str, tuple[Finding, int]] = {}  # rule -> (finding, rows seen when it first held)
+
+    def update(self, h: History, end: int | None = None) -> list[Finding]:
+        """Judge the first `end` rows (default: all) by the rules that have not held yet; returns those that now do."""
+        end = len(h) if end is None else end
+        new = [f for f in (RULES[r](h, end, self.settings, self.config) for r in self.pending) if f is not None] if end else []
+        for f in new:
+            self.pending.remove(f.rule)
+            f.last_step = f.first_step
+            self.found[f.rule] = (f, end)
+        return new
+
+    def settle(self, h: History) -> list[Finding]:
+        """Mark each finding active if it still holds on the whole history, else resolved, with the last step
+        it held (found backwards from the end: one check for an active finding)."""
+        for name, (f, first) in self.found.items():
+            last = next((e for e in range(len(h), first, -1) if RULES[name](h, e, self.settings, self.config)), first)
+            f.last_step, f.status = h.steps[last - 1], "active" if last == len(h) else "resolved"
+        return self.findings()
+
+    def findings(self) -> list[Finding]:
+        return sorted((f for f, _ in self.found.values()), key=lambda f: f.first_step)
+
+
 def diagnose(rows: Iterable[Mapping[str, Any]] | History, settings: RuleSettings | None = None, config: Any = None,
              rules: Iterable[str] | None = None) -> list[Finding]:
-    """Replay a run: for each rule, the finding at the first step where it held, sorted by step."""
+    """Replay a run: for each rule, the finding at the first step where it held (sorted by step), marked
+    resolved, with the last step it held, when it no longer holds at the end. Without a config that says how
+    long the run was planned, long windows are scaled to the length of the stream."""
     h = rows if isinstance(rows, History) else History(rows)
     s, cfg = settings or RuleSettings(), _as_dict(config)
-    found = []
-    for name in rules or RULES:
-        for end in range(1, len(h) + 1):
-            f = RULES[name](h, end, s, cfg)
-            if f is not None:
-                found.append(f)
-                break
-    return sorted(found, key=lambda f: f.first_step)
+    if _planned_rows(cfg, s) is None:
+        s = replace(s, planned_rows=len(h))
+    tracker = Tracker(s, cfg, rules)
+    for end in range(1, len(h) + 1):
+        if not tracker.pending:
+            break
+        tracker.update(h, end)
+    return tracker.settle(h)
 
 
 # ---------------------------------------------------------------- run directory
@@ -627,14 +737,17 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
         out.append(f"Skipped {len(run.broken_lines)} broken lines of metrics.jsonl: {_lines(run.broken_lines)}.")
     if run.config_problem:
         out.append(run.config_problem + ".")
-    out += ["", f"## Findings ({len(findings)})", ""]
+    resolved = sum(f.resolved for f in findings)
+    out += ["", f"## Findings ({len(findings)}" + (f", {resolved} resolved" if resolved else "") + ")", ""]
     if not findings:
         out.append("No rule fired: no sign of the seed's pathologies in this run.")
     else:
-        out += ["| rule | first step | what it saw |", "|---|---|---|"]
-        out += [f"| `{f.rule}` | {f.first_step} | {f.summary} |" for f in findings]
+        out += ["A finding is *resolved* when it held for a while but no longer holds at the end of the run.", "",
+                "| rule | status | held | what it saw first |", "|---|---|---|---|"]
+        out += [f"| `{f.rule}` | {f.status} | {f.span()}{'' if f.resolved else ' on'} | {f.summary} |" for f in findings]
         for f in findings:
-            out += ["", f"### `{f.rule}` (from step {f.first_step})", "", f.summary + ".", "", f"**Why it matters:** {f.why}.", "",
+            when = f"resolved: held at {f.span()}" if f.resolved else f"from step {f.first_step}"
+            out += ["", f"### `{f.rule}` ({when})", "", f.summary + ".", "", f"**Why it matters:** {f.why}.", "",
                     "**What to change:**", ""]
             out += [f"- `{a.split(' — ')[0]}`" + (f" — {a.split(' — ', 1)[1]}" if " — " in a else "") for a in f.advice]
             out += ["", "<details><summary>evidence</summary>", "", "```json", json.dumps(f.evidence), "```", "</details>"]
@@ -696,7 +809,9 @@ def doctor_cli(args) -> int:
         return 0
     h_steps = [int(r["step"]) for r in run.rows if isinstance(r.get("step"), (int, float)) and not isinstance(r.get("step"), bool)]
     span = f", steps {min(h_steps)}-{max(h_steps)}" if h_steps else ""
-    print(f"{run.path}: {len(run.rows)} metric lines{span}; {len(findings)} finding(s)")
+    resolved = sum(f.resolved for f in findings)
+    print(f"{run.path}: {len(run.rows)} metric lines{span}; {len(findings)} finding(s)"
+          + (f", {resolved} of them resolved before the end" if resolved else ""))
     for f in findings:
         print()
         print(f.format())

@@ -1,5 +1,6 @@
 """Live training health: the doctor's rules on TRL's log stream, each finding said once, when it
-first holds, so a bad run is named within its first few hundred steps instead of after 18,000."""
+first holds, so a bad run is named within its first few hundred steps instead of after 18,000.
+At the end (``write``) each finding is marked active, or resolved when it no longer holds."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from transformers import TrainerCallback
 
-from pipeline.doctor import RULES, Finding, History, RuleSettings, _as_dict, check
+from pipeline.doctor import Finding, History, RuleSettings, Tracker, _as_dict
 
 COUNTER_NAME = "synth_grpo_health_findings"
 
@@ -25,7 +26,7 @@ class HealthCallback(TrainerCallback):
         self.config = _as_dict(config)  # RunConfig or its dict: windows scale with max_steps, advice names current values
         self.print_fn = print_fn
         self.export_ray_metrics = export_ray_metrics
-        self.pending = [r for r in (only or RULES) if r in RULES]
+        self.tracker = Tracker(self.settings, self.config, only)
         self.history = History()
         self.findings: list[Finding] = []
         self._counter: Any = None
@@ -33,11 +34,10 @@ class HealthCallback(TrainerCallback):
     # the trainer-independent part, also used by tests and by anything that replays a stream
     def observe(self, row: Mapping[str, Any]) -> list[Finding]:
         """Add one logged row; return the findings that fire for the first time on it."""
-        if not self.pending or not self.history.append(row):
+        if not self.history.append(row) or not self.tracker.pending:
             return []
-        new = check(self.history, settings=self.settings, config=self.config, rules=self.pending)
+        new = self.tracker.update(self.history)
         for f in new:
-            self.pending.remove(f.rule)
             self.findings.append(f)
             self.print_fn(f"synth-grpo health: {f.format()}")
             self._count(f.rule)
@@ -51,7 +51,9 @@ class HealthCallback(TrainerCallback):
         self.observe(row)
 
     def write(self, path: str | Path) -> Path:
-        """Findings as JSON (the doctor's --json format), e.g. RUN_DIR/health.json at train end."""
+        """Findings as JSON (the doctor's --json format), e.g. RUN_DIR/health.json at train end; each is marked
+        active, or resolved with the last step it held, on the history seen so far."""
+        self.tracker.settle(self.history)
         path = Path(path)
         path.write_text(json.dumps([f.to_dict() for f in self.findings], indent=1) + "\n", encoding="utf-8")
         return path

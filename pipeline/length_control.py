@@ -39,15 +39,35 @@ def adaptive_next(cap: int, clipped_ratio: float, band: tuple[float, float], ste
     return cap
 
 
+def _seam_gone(what: str) -> RuntimeError:
+    """These are TRL's private attributes (tests/test_seams.py pins them): fail loudly, never cap nothing."""
+    try:
+        from importlib.metadata import version
+
+        trl = f"trl {version('trl')}"
+    except Exception:  # pragma: no cover
+        trl = "this trl"
+    return RuntimeError(f"length control: {what} is gone in {trl}, so the completion-length cap would not reach "
+                        "generation; use the TRL version pinned in pyproject.toml (tests/test_seams.py checks it)")
+
+
 def apply_max_completion_length(trainer, length: int) -> None:
-    """Set every attribute TRL's generation reads (see module docstring)."""
+    """Set every attribute TRL's generation reads (see module docstring); raises if one is gone."""
+    if not hasattr(trainer, "max_completion_length"):
+        raise _seam_gone("GRPOTrainer.max_completion_length")
     trainer.max_completion_length = length
     trainer.args.max_completion_length = length  # for anything that reads args later (and for the record)
-    gen_cfg = getattr(trainer, "generation_config", None)
-    if gen_cfg is not None:
+    if getattr(trainer, "use_vllm", False):
+        vllm = getattr(trainer, "vllm_generation", None)
+        if vllm is None or not hasattr(vllm, "max_completion_length"):
+            raise _seam_gone("GRPOTrainer.vllm_generation.max_completion_length")
+    else:
+        gen_cfg, kwargs = getattr(trainer, "generation_config", None), getattr(trainer, "generation_kwargs", None)
+        if gen_cfg is None or not hasattr(gen_cfg, "max_new_tokens"):
+            raise _seam_gone("GRPOTrainer.generation_config (its max_new_tokens)")
+        if not isinstance(kwargs, dict):
+            raise _seam_gone("GRPOTrainer.generation_kwargs")
         gen_cfg.max_new_tokens = length
-    kwargs = getattr(trainer, "generation_kwargs", None)
-    if isinstance(kwargs, dict):
         kwargs["max_new_tokens"] = length
     vllm = getattr(trainer, "vllm_generation", None)
     if vllm is not None:

@@ -47,6 +47,8 @@ def _mark(ax, findings, names) -> None:
     for f in findings:
         if f.rule in names:
             ax.axvline(f.first_step, color="crimson", linestyle=":", linewidth=1)
+            if getattr(f, "resolved", False):  # it held from first_step to last_step, then stopped
+                ax.axvspan(f.first_step, f.last_step, color="crimson", alpha=0.08)
             ax.annotate(f.rule, (f.first_step, 1), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
                         color="crimson", va="top", ha="right")
 

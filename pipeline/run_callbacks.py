@@ -79,6 +79,23 @@ class MetricsSink(TrainerCallback):
                 self.ray_metrics = False
 
 
+TRL_LOG_KEYS = ("prompt", "completion", "rewards", "extra")
+
+
+def trl_logs(trainer) -> dict:
+    """TRL's private per-step sample buffer (GRPOTrainer._logs: prompts, completions, per-function rewards,
+    extra dataset columns). No public API exposes it; tests/test_seams.py pins its shape, and a TRL that
+    moved it fails here by name instead of writing no samples."""
+    logs = getattr(trainer, "_logs", None)
+    missing = [k for k in TRL_LOG_KEYS if not isinstance(logs, dict) or k not in logs]
+    if missing:
+        from importlib.metadata import version
+
+        raise RuntimeError(f"samples.jsonl: GRPOTrainer._logs ({', '.join(missing)}) is gone in trl {version('trl')}; "
+                           "use the TRL version pinned in pyproject.toml (tests/test_seams.py checks it)")
+    return logs
+
+
 class SamplesWriter(TrainerCallback):
     """samples.jsonl every N steps, from TRL's own completion log (prompt, completion, per-component rewards)."""
 
@@ -94,7 +111,7 @@ class SamplesWriter(TrainerCallback):
             return
         from rewards.trl_rewards import completion_text
 
-        tlogs = self.trainer._logs
+        tlogs = trl_logs(self.trainer)
         prompts, completions = list(tlogs["prompt"]), list(tlogs["completion"])
         extra = {k: list(v) for k, v in tlogs["extra"].items()}
         rewards = {k: list(v) for k, v in tlogs["rewards"].items()}
@@ -231,14 +248,23 @@ class Evaluator(TrainerCallback):
 
 
 class RayTrainReporter(TrainerCallback):
-    """Hands each HF checkpoint to Ray Train (kept K, restored on worker restart or re-run)."""
+    """Hands each HF checkpoint to Ray Train (kept K, restored on worker restart or re-run).
+
+    Not Ray's public ``ray.train.huggingface.transformers.RayTrainReportCallback``, because it
+    (1) reports from every rank a full copy of the same shared HF checkpoint folder (N uploads of the
+    same files; here rank 0 uploads the folder that already holds every rank's shards);
+    (2) nests the folder under ``checkpoint/`` with Ray's own directory names, while resume (the
+    worker reads ``trainer_state.json`` at the top) and ``train.registered_checkpoints`` use
+    ``checkpoint-<step>``; and (3) reports the merged log history, so an old ``eval/score`` would ride
+    along with every checkpoint into Tune's scheduler, without the ``step`` ASHA counts by.
+    """
 
     def __init__(self):
         self.latest: dict[str, Any] = {}
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs:
-            self.latest.update(_jsonable(logs))
+        if logs:  # the Evaluator reports eval/* itself, at its own step; keep them off checkpoint reports
+            self.latest.update({k: v for k, v in _jsonable(logs).items() if not k.startswith("eval/")})
 
     def on_save(self, args, state, control, **kwargs):
         import ray.train

@@ -14,7 +14,6 @@ resumes with), ``results.csv`` and ``best.yaml``.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 import sys
@@ -222,11 +221,11 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
                     failure_config=tune.FailureConfig(max_failures=0),  # Ray Train retries inside a trial
                 ),
             )
-        grid = tuner.fit()
+        tuner.fit()
     finally:
         stop_pool(pool)
 
-    rows, columns, interrupted = collect_rows(grid, space, base_dict, exp_dir)
+    rows, columns, interrupted = collect_rows(saved_trials(tune_dir), space, base_dict, exp_dir)
     results_csv = write_results_csv(rows, columns, exp_dir / RESULTS_CSV)
     best = write_best_config(rows, space, base, name, exp_dir / BEST_CONFIG)
     return SearchOutcome(exp_dir, rows, results_csv, best, interrupted, alg_name, columns)
@@ -254,22 +253,33 @@ def _error_line(err: BaseException | None) -> str:
     return line[:300]
 
 
-def collect_rows(grid, space: SearchSpace, base: dict[str, Any], exp_dir: Path) -> tuple[list[dict], list[str], bool]:
-    """One row per trial, sorted by the objective (best first), trials without a score last."""
+def saved_trials(tune_dir: Path) -> list[tuple[str, str, dict, Any]]:
+    """(trial id, status, searched config, Result) per trial, as Tune saved them: what ``--resume`` will see.
+
+    Tune's public readers of a saved experiment (``ExperimentAnalysis`` on the folder, ``ResultGrid``
+    over it). The grid ``Tuner.fit()`` returns is not used: on Ctrl-C Tune marks the trials it stopped
+    TERMINATED in memory, after saving them as still running.
+    """
+    from ray.tune import ExperimentAnalysis, ResultGrid
+
+    analysis = ExperimentAnalysis(str(tune_dir), default_metric=OBJECTIVE, default_mode="max")
+    # The trial's own config: a trial that failed before reporting has none in its Result.
+    return [(t.trial_id, t.status, dict(t.config or {}), r) for t, r in zip(analysis.trials, ResultGrid(analysis))]
+
+
+def collect_rows(trials: Sequence[tuple[str, str, dict, Any]], space: SearchSpace, base: dict[str, Any],
+                 exp_dir: Path) -> tuple[list[dict], list[str], bool]:
+    """One row per trial (from ``saved_trials``), sorted by the objective (best first), trials without a score last."""
     keys = list(space.searched_keys)
     if "generation.num_generations" in keys and "optimization.per_device_train_batch_size" not in keys:
         keys.append("optimization.per_device_train_batch_size")
-    trials = getattr(getattr(grid, "_experiment_analysis", None), "trials", None)
-    saved = saved_statuses(exp_dir / TUNE_DIR)
     rows, interrupted = [], False
-    for i, result in enumerate(grid):
-        trial = trials[i] if trials is not None else None
-        trial_id = trial.trial_id if trial is not None else Path(result.path).name
+    for trial_id, status, params, result in trials:
         metrics = result.metrics or {}
         row: dict[str, Any] = {"trial_id": trial_id, OBJECTIVE: metrics.get(OBJECTIVE), TIME_ATTR: metrics.get(TIME_ATTR)}
         error = _error_line(result.error)
         try:
-            cfg = space.trial_config(base, dict(result.config or {}))
+            cfg = space.trial_config(base, params)
             values = cfg.to_dict()
             for k in keys:
                 node: Any = values
@@ -278,8 +288,6 @@ def collect_rows(grid, space: SearchSpace, base: dict[str, Any], exp_dir: Path) 
                 row[k] = node
         except ConfigError as e:
             error = error or "; ".join(e.problems)
-        # What --resume will see; in memory, Tune marks the trials it stopped on Ctrl-C TERMINATED.
-        status = saved.get(trial_id) or getattr(trial, "status", "ERROR" if result.error else "TERMINATED")
         if result.error or status == "ERROR":
             row["status"] = "error"
         elif status != "TERMINATED":
@@ -296,16 +304,6 @@ def collect_rows(grid, space: SearchSpace, base: dict[str, Any], exp_dir: Path) 
         row["rank"] = rank
     columns = ["rank", "trial_id", "status", OBJECTIVE, TIME_ATTR, *keys, "run_dir", "error"]
     return rows, columns, interrupted
-
-
-def saved_statuses(tune_dir: Path) -> dict[str, str]:
-    """Trial id -> status in Tune's latest saved experiment state (the file Tuner.restore reads)."""
-    files = sorted(tune_dir.glob("experiment_state-*.json"))  # named by session start time; Tune rewrites old ones too
-    try:
-        state = json.loads(files[-1].read_text(encoding="utf-8"))
-        return {t["trial_id"]: t["status"] for t in (json.loads(js) for js, _ in state["trial_data"])}
-    except (IndexError, OSError, ValueError, KeyError, TypeError):
-        return {}
 
 
 def write_results_csv(rows: list[dict], columns: list[str], path: Path) -> Path:

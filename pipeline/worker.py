@@ -285,18 +285,39 @@ def train_loop_per_worker(config: dict) -> None:
         # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
         for name in ("metrics.jsonl", "samples.jsonl", "eval_samples.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
-    if step >= cfg.optimization.max_steps:
-        trainer._load_from_checkpoint(resume_from)  # finished already: only the adapter is left to write
+    finished = step >= cfg.optimization.max_steps
+    if finished:  # finished already: only the adapter is left to write
+        if is_rank0:
+            export_trained_weights(Path(resume_from), run_dir / "adapter")
     else:
         trainer.train(resume_from_checkpoint=resume_from)
-    trainer.save_model(str(run_dir / "adapter"))
+        trainer.save_model(str(run_dir / "adapter"))
     if is_rank0:
         tokenizer.save_pretrained(str(run_dir / "adapter"))
         (run_dir / "adapter" / "training_args.bin").unlink(missing_ok=True)  # a pickle nothing needs to load
-        (run_dir / "length_changes.json").write_text(json.dumps(length_ctl.changes))
-        health.write(run_dir / "health.json")
+        if not finished:  # a rerun of a finished run saw no step: keep what the run wrote
+            (run_dir / "length_changes.json").write_text(json.dumps(length_ctl.changes))
+            health.write(run_dir / "health.json")
     final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}
-    ray.train.report({**final, **evaluator.last, "done": 1, "step": trainer.state.global_step})
+    ray.train.report({**final, **evaluator.last, "done": 1, "step": max(trainer.state.global_step, step)})
+
+
+def export_trained_weights(checkpoint: Path, dest: Path) -> None:
+    """The weights of a finished run, as the trainer's save_model wrote them into its last checkpoint
+    (the LoRA adapter, or the full model's shards and config): copied, not loaded into a trainer
+    (which needed the private Trainer._load_from_checkpoint)."""
+    import shutil
+
+    def weights(p: Path) -> bool:
+        return p.name.startswith(("adapter_model", "model")) and p.suffix in (".safetensors", ".bin", ".json")
+
+    files = [p for p in checkpoint.iterdir() if p.is_file() and (
+        weights(p) or p.name in ("adapter_config.json", "config.json", "generation_config.json"))]
+    if not any(weights(p) and not p.name.endswith(".json") for p in files):
+        raise FileNotFoundError(f"{checkpoint}: no adapter or model weights to export (holds {sorted(p.name for p in checkpoint.iterdir())})")
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        shutil.copy2(p, dest / p.name)
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -52,6 +52,6 @@ else
   pip install -q "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
 # DeepSpeed builds against the installed torch; build isolation would fetch another torch.
-pip install -q --no-build-isolation "deepspeed>=0.16" || pip install -q "deepspeed>=0.16"
+pip install -q --no-build-isolation "deepspeed>=0.19,<1" || pip install -q "deepspeed>=0.19,<1"
 pip install -q -e ".${extras:+[$extras]}"
 echo "$want $extras" > "$stamp"

@@ -169,6 +169,79 @@ def test_missing_keys_and_eval_lines_are_tolerated():
     assert len(h) == 2 and h.steps == [0, 9] and h.mean("reward", 0, 2) == pytest.approx(0.6)
 
 
+def rising_stream(n=1200, seed=0, noise=0.01):
+    """A steadily rising reward (0.3 -> 0.6 over n steps) and nothing else: the issue-13 false plateau."""
+    rnd = random.Random(seed)
+    return [{"step": i + 1, "reward": 0.3 + 0.3 * i / (n - 1) + rnd.gauss(0, noise)} for i in range(n)]
+
+
+def test_steadily_rising_reward_is_no_plateau():
+    # Before: reward_plateau fired at step 30 over 10-step windows. A plateau needs evidence proportionate
+    # to the run: a trend over the whole tail, and, with no earlier rise, a bound over as many steps again.
+    for seed in (0, 1, 2):
+        assert diagnose(rising_stream(seed=seed)) == [], seed
+    assert diagnose(rising_stream(), config={"optimization": {"max_steps": 1200}}) == []
+    # the same climb, then flat for as long again: a plateau, found after the climb and still there at the end
+    rows = rising_stream()
+    rows += [{"step": 1201 + i, "reward": 0.6 + random.Random(i).gauss(0, 0.01)} for i in range(1200)]
+    f = by_rule(diagnose(rows))["reward_plateau"]
+    assert 1200 < f.first_step <= 2400 and f.status == "active" and f.last_step == 2400
+    assert f.evidence["rose_before"] is True
+
+
+def _stops_after(n_bad=60, n=200):
+    """Completions never stop for n_bad steps, then the adaptive cap fixes it (clipped ratio ~0.2)."""
+    rnd = random.Random(4)
+    return [{"step": s, "completions/clipped_ratio": 1.0 if s <= n_bad else 0.2 + rnd.gauss(0, 0.02),
+             "completions/max_length": 32.0, "reward": 0.5 + rnd.gauss(0, 0.05)} for s in range(1, n + 1)]
+
+
+def test_finding_that_stopped_holding_is_resolved_with_its_span(tmp_path, capsys):
+    f = by_rule(diagnose(_stops_after()))["never_stops"]
+    assert (f.status, f.first_step) == ("resolved", 10)
+    assert 60 <= f.last_step < 70  # held while the 10-step window was mostly clipped, not after
+    still = by_rule(diagnose(_stops_after(n_bad=200)))["never_stops"]
+    assert (still.status, still.last_step) == ("active", 200)
+    # doctor text and report.md say so; --json prints the findings' to_dict()
+    run = write_run(tmp_path / "fixed", _stops_after(), config=None)
+    assert doctor_cli(argparse.Namespace(run_dir=str(run), json=False)) == 0
+    out = capsys.readouterr().out
+    assert f"1 finding(s), 1 of them resolved" in out and f"[never_stops] resolved, held at steps 10-{f.last_step}" in out
+    assert f"| `never_stops` | resolved | steps 10-{f.last_step} |" in (run / "report.md").read_text()
+    js = json.loads(json.dumps(f.to_dict()))
+    assert (js["status"], js["first_step"], js["last_step"]) == ("resolved", 10, f.last_step)
+    # and health.json from the live callback agrees
+    from pipeline.health import HealthCallback
+
+    printed = []
+    cb = HealthCallback(print_fn=printed.append)
+    _replay(cb, _stops_after())
+    (live,) = json.loads(cb.write(tmp_path / "health.json").read_text())
+    assert len(printed) == 1 and (live["rule"], live["status"], live["first_step"], live["last_step"]) == (
+        "never_stops", "resolved", 10, f.last_step)
+
+
+def _flat_zero_clip(n=60):
+    return [{"step": s, "reward_std": 0.005, "clip_ratio/region_mean": 0.0, "reward": 0.4} for s in range(1, n + 1)]
+
+
+def test_clip_ratios_zero_by_construction_are_no_symptom():
+    one = {"optimization": {"gradient_accumulation_steps": 1}, "generation": {"steps_per_generation": None},
+           "grpo": {"num_iterations": 1}}
+    f = by_rule(diagnose(_flat_zero_clip(), config=one))["no_effective_update"]
+    assert f.evidence["clip_ratio_zero_by_construction"] is True
+    assert "0 by construction" in f.summary and "one optimizer step per rollout" in f.summary
+    assert "clip region" not in f.why
+    # only the reward spread counts then: a healthy spread with zero clip ratios is no finding
+    healthy_spread = [{**r, "reward_std": 0.2} for r in _flat_zero_clip()]
+    assert "no_effective_update" not in by_rule(diagnose(healthy_spread, config=one))
+    # two optimizer steps per rollout: zero clip ratios are evidence again
+    two = {**one, "generation": {"steps_per_generation": 2}}
+    f2 = by_rule(diagnose(_flat_zero_clip(), config=two))["no_effective_update"]
+    assert f2.evidence["clip_ratio_zero_by_construction"] is False and "clip_ratio/region_mean 0" in f2.summary
+    assert "no_effective_update" not in by_rule(diagnose([{**r, "clip_ratio/region_mean": 0.05} for r in _flat_zero_clip()], config=two))
+
+
 def test_windows_scale_with_the_run():
     s = RuleSettings()
     assert s.window(30) == 10 and s.window(1000) == 50 and s.window(100000) == 200

@@ -82,7 +82,13 @@ def test_two_workers_zero2_end_to_end(ray_local, tmp_path):
 
 
 def never_stopping_policy(tiny_policy: Path, dest: Path) -> Path:
-    """The tiny policy with EOS moved to a token it never writes: every completion runs to the cap."""
+    """The tiny policy with EOS moved to a token it may never write: every completion runs to the cap.
+
+    Moving EOS alone only made it unlikely (a sampled <|system|> ended a completion now and then). The
+    generation config's ``suppress_tokens`` sets that token's logit to -inf in every generate() call
+    (TRL's own GenerationConfig leaves it unset, so generate() takes it from the model's), so its
+    probability is exactly 0 and torch.multinomial never draws a zero-probability token: deterministic
+    by construction, whatever the seed or the thread timing."""
     shutil.copytree(tiny_policy, dest)
     tok = json.loads((dest / "tokenizer_config.json").read_text())
     tok["eos_token"] = "<|system|>"
@@ -93,6 +99,8 @@ def never_stopping_policy(tiny_policy: Path, dest: Path) -> Path:
     for name in ("config.json", "generation_config.json"):
         c = json.loads((dest / name).read_text())
         c["eos_token_id"] = sys_id
+        if name == "generation_config.json":
+            c["suppress_tokens"] = [sys_id]
         (dest / name).write_text(json.dumps(c))
     return dest
 
@@ -105,8 +113,9 @@ def test_length_schedule_changes_what_generation_reads(ray_local, tmp_path, tiny
     _, run_dir, _ = run(tmp_path, data, "schedule")
     rows = {r["step"]: r for r in train_rows(run_dir)}
     assert all(rows[s]["completions/clipped_ratio"] == 1.0 for s in rows)  # it never stops
-    assert max(rows[s]["completions/max_length"] for s in (1, 2)) <= 8
-    assert all(rows[s]["completions/max_length"] > 8 for s in (4, 5))  # the switch reached generation
+    # Every completion runs to the cap generation really used: 8, then 20 once the schedule switched.
+    assert [rows[s]["completions/max_length"] for s in (1, 2, 4, 5)] == [8, 8, 20, 20]
+    assert [rows[s]["completions/mean_length"] for s in (1, 2, 4, 5)] == [8, 8, 20, 20]
     assert rows[4]["generation/max_completion_length"] == 20
 
 

@@ -247,7 +247,7 @@ def test_concurrency_follows_resources():
 
 
 def test_results_rows_status_sorting_csv_and_best_config(tmp_path):
-    """Statuses come from Tune's saved state (what --resume reads) and the run directories."""
+    """Statuses come from Tune's saved state (what --resume reads, see saved_trials) and the run directories."""
     from types import SimpleNamespace
 
     from pipeline.tune import collect_rows, format_table, write_best_config, write_results_csv
@@ -260,10 +260,7 @@ def test_results_rows_status_sorting_csv_and_best_config(tmp_path):
     trials = {"done1": (0.41, 4, None), "best2": (0.52, 4, None), "asha3": (0.30, 2, None),
               "err4": (None, None, RuntimeError("Traceback ...\nOSError: no such model 'x'\n")), "run5": (0.35, 2, None)}
     exp = tmp_path / "s-tune"
-    (exp / "tune").mkdir(parents=True)
     states = {t: ("ERROR" if t == "err4" else "RUNNING" if t == "run5" else "TERMINATED") for t in trials}
-    state = {"trial_data": [[json.dumps({"trial_id": t, "status": st}), "{}"] for t, st in states.items()]}
-    (exp / "tune" / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps(state))
     grid = []
     for i, (t, (score, step, err)) in enumerate(trials.items()):
         run_dir = exp / "trials" / t
@@ -273,7 +270,7 @@ def test_results_rows_status_sorting_csv_and_best_config(tmp_path):
         if step == 4:
             (run_dir / "adapter" / "adapter_config.json").write_text("{}")
         metrics = {} if score is None else {OBJECTIVE: score, "step": step}
-        grid.append(SimpleNamespace(metrics=metrics, error=err, config=draws(1e-5 * (i + 1)), path=str(exp / "tune" / t)))
+        grid.append((t, states[t], draws(1e-5 * (i + 1)), SimpleNamespace(metrics=metrics, error=err)))
 
     rows, columns, interrupted = collect_rows(grid, s, base.to_dict(), exp)
     assert interrupted  # run5 was RUNNING in the saved state
@@ -291,6 +288,41 @@ def test_results_rows_status_sorting_csv_and_best_config(tmp_path):
     assert cfg.output.run_name == "s-tune-best" and cfg.output.root == str(tmp_path)
     assert math.isclose(cfg.optimization.learning_rate, 2e-5)
     assert "best trial best2" in best.read_text().splitlines()[0]
+
+
+def _report_score(config):
+    from ray import tune
+
+    if config["fail"]:
+        raise ValueError("bad trial")
+    for step in (1, 2):
+        tune.report({OBJECTIVE: config["x"] * step, "step": step})
+
+
+@pytest.mark.slow
+def test_saved_trials_reads_tunes_saved_state_through_its_public_api(ray_local, tmp_path):
+    """saved_trials (ExperimentAnalysis + ResultGrid on the folder) against a real, if trivial, Tune run."""
+    from ray import tune
+
+    from pipeline.tune import saved_trials
+
+    tuner = tune.Tuner(
+        tune.with_resources(_report_score, {"CPU": 0.1}),
+        param_space={"x": tune.grid_search([0.25, 0.5]), "fail": tune.grid_search([False, True])},
+        tune_config=tune.TuneConfig(metric=OBJECTIVE, mode="max"),
+        run_config=tune.RunConfig(name="tune", storage_path=str(tmp_path), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+    tuner.fit()
+    got = saved_trials(tmp_path / "tune")
+    assert len(got) == 4 and len({t for t, _, _, _ in got}) == 4
+    for trial_id, status, config, result in got:
+        assert isinstance(trial_id, str) and trial_id
+        if config["fail"]:  # failed before reporting: the config comes from the trial, not its (empty) result
+            assert status == "ERROR" and "bad trial" in str(result.error) and OBJECTIVE not in (result.metrics or {})
+        else:
+            assert status == "TERMINATED" and result.error is None
+            assert result.metrics[OBJECTIVE] == 2 * config["x"] and result.metrics["step"] == 2
 
 
 # ---------------------------------------------------------------- real searches (tiny models, CPU)
