@@ -151,10 +151,8 @@ def _restore_length_state(run_dir: Path, step: int, length_ctl, truncate: bool) 
     if truncate:
         truncate_jsonl(run_dir / "metrics.jsonl", step)
         truncate_jsonl(run_dir / "samples.jsonl", step)
-    caps = [r[CAP_METRIC] for r in rows if CAP_METRIC in r]
-    clipped = [r["completions/clipped_ratio"] for r in rows if "completions/clipped_ratio" in r]
-    if caps:
-        length_ctl.restore(int(caps[-1]), clipped[-length_ctl.recent.maxlen :] if length_ctl.adaptive else [])
+    if any(CAP_METRIC in r for r in rows):
+        length_ctl.restore(rows)
 
 
 def load_policy(cfg: RunConfig, on_gpu: bool):
@@ -224,7 +222,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     metrics = MetricsSink(run_dir, cfg.output.run_name or run_dir.name, cfg.logging.ray_metrics)
     samples = SamplesWriter(run_dir, cfg.logging.samples_every, cfg.logging.num_samples)
-    evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=ray.train.report)
+    evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, length_ctl.budget, report=ray.train.report)
     health = HealthCallback(config=cfg, print_fn=log or (lambda _msg: None))
     callbacks = [length_ctl, samples, health, metrics, RayTrainReporter(), evaluator]
     trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0)
