@@ -276,6 +276,7 @@ class Evaluator(TrainerCallback):
             metrics["eval/eos_rate"] = sum(ended) / n
             metrics["eval/mean_length"] = sum(len(x) for x in ids) / n
             metrics["eval/max_new_tokens"] = max_new
+            metrics["eval/num_completions"] = n
             w = self.cfg.eval.score_weights
             total = sum(w.values()) or 1.0
             per = [sum(w.get(c, 0.0) * (ended[i] if c == "eos" else scores[c][i]) for c in REWARD_COMPONENTS) / total
