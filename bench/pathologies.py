@@ -104,7 +104,8 @@ def summarize_run(rows: list[dict], config, seconds: float) -> dict:
     return out
 
 
-def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval_samples: int) -> dict:
+def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval_samples: int,
+            eval_every: int | None = None) -> dict:
     from pipeline.config import load_config
     from pipeline.run_callbacks import read_metrics
     from pipeline.train import prepare_run_dir, run_training
@@ -112,7 +113,7 @@ def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval
     cfg = load_config(RUNS[name], [
         f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
         f"output.run_name={name}-{seed}", "output.save_steps=100000", "logging.progress_bar=false",
-        f"eval.every_steps={max(5, steps // 6)}", f"eval.max_new_tokens={eval_budget}", "eval.num_prompts=48",
+        f"eval.every_steps={eval_every or max(5, steps // 6)}", f"eval.max_new_tokens={eval_budget}", "eval.num_prompts=48",
         f"eval.samples_per_prompt={eval_samples}", *TASK,
     ])
     run_dir = root / f"{name}-{seed}"
@@ -169,6 +170,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
     ap.add_argument("--eval-budget", type=int, default=96, help="eval max_new_tokens, the same for both arms")
     ap.add_argument("--eval-samples", type=int, default=8, help="completions per held-out prompt")
+    ap.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default: steps / 6)")
+    ap.add_argument("--only", choices=list(RUNS), default=None,
+                    help="train one arm (its figures only; run the other in another process to use more cores)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", default=None, help="keep the run directories here (default: a temporary folder)")
     args = ap.parse_args()
@@ -177,14 +181,19 @@ def main() -> int:
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     t0 = time.time()
-    per: dict[str, dict[int, dict]] = {name: {} for name in RUNS}
+    arms = [args.only] if args.only else list(RUNS)
+    per: dict[str, dict[int, dict]] = {name: {} for name in arms}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp).resolve()
         for seed in args.seeds:
-            for name in RUNS:
-                per[name][seed] = run_one(name, args.steps, root, seed, args.eval_budget, args.eval_samples)
+            for name in arms:
+                per[name][seed] = run_one(name, args.steps, root, seed, args.eval_budget, args.eval_samples,
+                                          args.eval_every)
     ray.shutdown()
-    result = {name: across_seeds(per[name]) for name in RUNS}
+    result = {name: across_seeds(per[name]) for name in arms}
+    if args.only:
+        print(json.dumps(result, indent=1))
+        return 0
     result["ours_minus_baseline"] = compare(per["ours"], per["baseline"])
     result["meta"] = {"steps": args.steps, "seeds": args.seeds, "eval_budget": args.eval_budget,
                       "eval_samples": args.eval_samples, "seconds": time.time() - t0, "machine": f"{os.cpu_count()} CPUs"}
