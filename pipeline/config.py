@@ -118,8 +118,13 @@ class AdaptiveLengthSection:
     band_high: float = 0.3
     floor: int = 16
     ceiling: int | None = None  # None: asked of the memory planner on a GPU, else 4x the start
-    step: int = 16
-    window: int = 3  # logged steps averaged before a change
+    step: int = 16  # the smallest move in tokens: a smaller correction is not made (hysteresis on the cap)
+    # Completions (not steps) the clipped ratio is pooled over since the last change; a few steps of
+    # 8 completions are too noisy for a decision near the band.
+    window_completions: int = 64
+    # Hysteresis on the ratio: move only when the pooled clipped ratio lies outside the band by this
+    # many binomial standard errors (so far outside, after a single step; near the edge, a full window).
+    hysteresis: float = 1.0
     start: int = 64
 
 
@@ -219,7 +224,10 @@ class OutputSection:
 class EvalSection:
     num_prompts: int = 16  # held-out prompts scored every `every_steps`
     every_steps: int = 25
-    max_new_tokens: int | None = None  # None: the current max completion length
+    # A fixed budget, so eval/score measures the policy and not the training cap. None: the most
+    # the run ever generates (the adaptive ceiling, or the largest fixed/scheduled length).
+    max_new_tokens: int | None = None
+    samples_per_prompt: int = 4  # completions per eval prompt; eval/score_stderr is their sampling error
     # Fixed weights for eval/score, so trials with different reward weights stay comparable.
     score_weights: dict[str, float] = field(
         default_factory=lambda: {"rouge_l": 0.4, "length": 0.1, "judge": 0.4, "eos": 0.1}
@@ -548,8 +556,10 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
     a = g.adaptive
     if not 0 <= a.band_low < a.band_high <= 1:
         p.append(f"generation.adaptive.band_low/band_high: need 0 <= {a.band_low} < {a.band_high} <= 1")
-    if a.floor < 1 or a.step < 1 or a.window < 1 or a.start < 1:
-        p.append("generation.adaptive: floor, step, window and start must be >= 1")
+    if a.floor < 1 or a.step < 1 or a.window_completions < 1 or a.start < 1:
+        p.append("generation.adaptive: floor, step, window_completions and start must be >= 1")
+    if a.hysteresis < 0:
+        p.append(f"generation.adaptive.hysteresis: {a.hysteresis} must be >= 0 (standard errors)")
     if a.ceiling is not None and a.ceiling < max(a.floor, a.start):
         p.append(f"generation.adaptive.ceiling: {a.ceiling} must be >= floor {a.floor} and start {a.start}")
     _choice(p, "generation.backend", g.backend, ("hf", "vllm"))
@@ -627,6 +637,10 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
         p.append(f"output.save_steps: {cfg.output.save_steps} must be >= 1")
     if cfg.eval.every_steps < 1 or cfg.eval.num_prompts < 0:
         p.append("eval.every_steps must be >= 1 and eval.num_prompts >= 0")
+    if cfg.eval.samples_per_prompt < 1:
+        p.append(f"eval.samples_per_prompt: {cfg.eval.samples_per_prompt} must be >= 1")
+    if cfg.eval.max_new_tokens is not None and cfg.eval.max_new_tokens < 1:
+        p.append(f"eval.max_new_tokens: {cfg.eval.max_new_tokens} must be >= 1 (or null: the run's largest length)")
     return p
 
 

@@ -5,12 +5,14 @@ completions stayed at 160 tokens. TRL's generation reads ``trainer.max_completio
 the loss normalisation of dr_grpo), ``trainer.generation_config.max_new_tokens`` and
 ``trainer.generation_kwargs`` (HF generate), and the vLLM generator's sampling parameters; all are
 set here. The adaptive mode follows the clipped ratio: when every completion in a group is cut,
-every length-based reward is equal within the group and GRPO gets no signal from it.
+every length-based reward is equal within the group and GRPO gets no signal from it. A rule that
+stepped the cap on 3 steps of 8 completions cycled 8 -> 24 -> 8 on the default run: the ratio of 8
+completions is too noisy, so the estimate pools completions and only a significant miss moves it.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import math
 from typing import Callable
 
 from transformers import TrainerCallback
@@ -29,14 +31,67 @@ def scheduled_length(schedule: list[list[int]], step: int, initial: int) -> int:
     return length
 
 
-def adaptive_next(cap: int, clipped_ratio: float, band: tuple[float, float], step: int, floor: int, ceiling: int) -> int:
-    """One adaptive move: raise above the band, lower below it, hold inside."""
+def smoothed_ratio(clipped: float, n: int) -> float:
+    """The clipped ratio of ``n`` completions, pulled off 0 and 1 (k + 0.5) / (n + 1) so its log is finite."""
+    return (clipped * n + 0.5) / (n + 1)
+
+
+def binomial_tail(k: int, n: int, p: float, upper: bool) -> float:
+    """P(K >= k) (upper) or P(K <= k) for K ~ Binomial(n, p)."""
+    ks = range(k, n + 1) if upper else range(0, k + 1)
+    return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                        + (i * math.log(p) if i else 0.0) + ((n - i) * math.log1p(-p) if n - i else 0.0)) for i in ks)
+
+
+def band_side(clipped: float, n: int, band: tuple[float, float], z: float) -> int:
+    """+1 when the ratio of ``n`` completions is above the band beyond chance, -1 below, 0 otherwise.
+
+    Beyond chance: a count of cut completions at least this far from the band's edge has probability
+    under the one-sided normal tail of ``z`` standard errors (exact binomial, since near 0 the
+    normal approximation lets 0 of 24 pass for "below 5%"). Far outside, one step decides; near the
+    edge, it takes a window.
+    """
     low, high = band
-    if clipped_ratio > high:
-        return min(ceiling, cap + step)
-    if clipped_ratio < low:
-        return max(floor, cap - step)
-    return cap
+    alpha = 0.5 * math.erfc(z / math.sqrt(2))
+    k = round(clipped * n)
+    if clipped > high and (high == 0 or binomial_tail(k, n, high, upper=True) < alpha):
+        return 1
+    if clipped < low and binomial_tail(k, n, low, upper=False) < alpha:
+        return -1
+    return 0
+
+
+def target_cap(cap: int, clipped: float, n: int, mean_length: float, target: float,
+               bracket: tuple[tuple[int, float] | None, tuple[int, float] | None] = (None, None)) -> float:
+    """Where the clipped ratio would be ``target``, estimated from ``n`` completions at ``cap``.
+
+    Bracketed (``bracket``: the latest earlier windows, (cap, smoothed ratio), above and below the
+    target; the one on the other side of the target from this window is used): ``log`` of the ratio
+    interpolated linearly in the cap between the two (regula falsi), so the cap never leaves the
+    bracket. Otherwise a geometric stopping model, fitted to completions that ended and
+    were cut (censored maximum likelihood: per-token EOS hazard = ended / tokens generated, so
+    P(length > L) = (1 - hazard) ** L), stepped from the cap in log space, at most doubling or halving.
+    """
+    c = smoothed_ratio(clipped, n)
+    other = bracket[1] if c > target else bracket[0]
+    if other is not None:
+        lo, hi = sorted([(cap, c), other])
+        if lo[0] != hi[0] and (lo[1] - target) > 0 > (hi[1] - target):
+            frac = (math.log(target) - math.log(lo[1])) / (math.log(hi[1]) - math.log(lo[1]))
+            return lo[0] + frac * (hi[0] - lo[0])
+    hazard = (1 - clipped) / max(mean_length, 1.0)
+    if hazard <= 0:
+        return 2.0 * cap
+    est = cap + (math.log(target) - math.log(c)) / math.log1p(-min(hazard, 0.999))
+    return min(2.0 * cap, max(cap / 2.0, est))
+
+
+def adaptive_next(cap: int, side: int, estimate: float, step: int, floor: int, ceiling: int) -> int:
+    """One move on the side ``band_side`` found: toward the estimate, by at least ``step`` tokens."""
+    if side == 0:
+        return cap
+    move = max(step, abs(round(estimate) - cap))
+    return min(ceiling, cap + move) if side > 0 else max(floor, cap - move)
 
 
 def _seam_gone(what: str) -> RuntimeError:
@@ -79,7 +134,13 @@ def apply_max_completion_length(trainer, length: int) -> None:
 
 
 class CompletionLengthControl(TrainerCallback):
-    """Owns the current cap; other parts (the EOS reward, evaluation) read ``current``."""
+    """Owns the current cap; other parts (the EOS reward) read ``current``, evaluation reads ``budget``.
+
+    Adaptive: each logged step adds its completions (their clipped ratio and mean length) to a window
+    of at most ``window_completions``, counted since the last change. When the pooled ratio lies
+    outside the band by ``hysteresis`` standard errors, the cap moves toward where the ratio would
+    be the band's middle (``target_cap``), by at least ``step`` tokens, and the window starts again.
+    """
 
     def __init__(self, cfg: RunConfig, ceiling: int | None = None, log: Callable[[str], None] = print):
         g = cfg.generation
@@ -91,21 +152,40 @@ class CompletionLengthControl(TrainerCallback):
         self.band = (a.band_low, a.band_high)
         self.step_size, self.floor = a.step, a.floor
         self.ceiling = a.ceiling or ceiling or 4 * a.start
-        self.recent: deque[float] = deque(maxlen=a.window)
+        self.window_completions, self.z = a.window_completions, a.hysteresis
+        o = cfg.optimization  # completions behind one logged step (TRL logs their means)
+        self.per_step = (o.per_device_train_batch_size * cfg.distributed.num_workers
+                         * o.gradient_accumulation_steps * cfg.logging.logging_steps)
+        self.recent: list[tuple[int, float, float]] = []  # (completions, clipped ratio, mean length) per step
+        # (cap, smoothed ratio) of the latest windows that moved the cap up (ratio above the target) and down
+        self.above: tuple[int, float] | None = None
+        self.below: tuple[int, float] | None = None
         self.trainer = None
         self.log = log
         self.changes: list[tuple[int, int, int]] = []  # (step, old, new)
+
+    @property
+    def budget(self) -> int:
+        """The most tokens this run ever generates: the adaptive ceiling, or the largest fixed/scheduled length."""
+        if self.adaptive:
+            return self.ceiling
+        return max([self.initial, *(length for _, length in self.schedule)])
 
     def bind(self, trainer) -> None:
         self.trainer = trainer
         apply_max_completion_length(trainer, self.current)
 
-    def restore(self, cap: int, recent: list[float]) -> None:
-        """Resume: continue from the cap and clipped ratios logged before the checkpoint."""
-        self.current = cap
-        self.recent.extend(recent)
+    def restore(self, rows: list[dict]) -> None:
+        """Resume: replay the logged steps up to the checkpoint, so the cap, the window and the
+        bracket are those the uninterrupted run had."""
+        saved, self.log = self.log, None
+        for row in rows:
+            if "completions/clipped_ratio" in row and CAP_METRIC in row:
+                self.current = int(row[CAP_METRIC])
+                self.on_log(None, _Step(int(row.get("step", 0))), None, logs=dict(row))
+        self.log = saved
         if self.trainer is not None:
-            apply_max_completion_length(self.trainer, cap)
+            apply_max_completion_length(self.trainer, self.current)
 
     def _set(self, step: int, length: int, why: str) -> None:
         if length == self.current:
@@ -127,11 +207,35 @@ class CompletionLengthControl(TrainerCallback):
         logs[CAP_METRIC] = self.current  # the cap this step's completions were generated under
         if not self.adaptive:
             return
-        self.recent.append(float(logs["completions/clipped_ratio"]))
-        if len(self.recent) < self.recent.maxlen:
+        mean_len = float(logs.get("completions/mean_length", self.current))
+        self.recent.append((self.per_step, float(logs["completions/clipped_ratio"]), mean_len))
+        while sum(n for n, _, _ in self.recent[1:]) >= self.window_completions:
+            self.recent.pop(0)
+        n = sum(x[0] for x in self.recent)
+        clipped = sum(k * c for k, c, _ in self.recent) / n
+        mean_len = sum(k * m for k, _, m in self.recent) / n
+        side = band_side(clipped, n, self.band, self.z)
+        if side == 0:
             return
-        mean = sum(self.recent) / len(self.recent)
-        new = adaptive_next(self.current, mean, self.band, self.step_size, self.floor, self.ceiling)
+        target = sum(self.band) / 2
+        here = (self.current, smoothed_ratio(clipped, n))
+        # A point on the other side that contradicts this window (the policy's lengths moved) is stale.
+        if side > 0 and self.below is not None and self.below[0] <= self.current:
+            self.below = None
+        if side < 0 and self.above is not None and self.above[0] >= self.current:
+            self.above = None
+        est = target_cap(self.current, clipped, n, mean_len, target, (self.above, self.below))
+        new = adaptive_next(self.current, side, est, self.step_size, self.floor, self.ceiling)
         if new != self.current:
-            self._set(state.global_step, new, f"clipped ratio {mean:.2f} outside [{self.band[0]}, {self.band[1]}]")
+            if side > 0:
+                self.above = here
+            else:
+                self.below = here
+            self._set(state.global_step, new, f"clipped ratio {clipped:.2f} of {n} completions outside "
+                      f"[{self.band[0]}, {self.band[1]}]; estimate {est:.0f}")
             self.recent.clear()
+
+
+class _Step:
+    def __init__(self, step: int):
+        self.global_step = step

@@ -130,15 +130,68 @@ class SamplesWriter(TrainerCallback):
                 }, ensure_ascii=False) + "\n")
 
 
+def score_stderr(groups: list[int], scores: list[float]) -> float:
+    """Standard error of the mean score given the prompts: within-prompt variance of the samples
+    (sum over prompts of var_p / k_p, over prompts squared); with one sample per prompt, the
+    spread over all completions."""
+    by: dict[int, list[float]] = {}
+    for g, s in zip(groups, scores):
+        by.setdefault(g, []).append(s)
+    n = len(scores)
+    if n < 2:
+        return 0.0
+    if all(len(v) < 2 for v in by.values()):
+        mean = sum(scores) / n
+        return math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1) / n)
+    total = 0.0
+    for v in by.values():
+        if len(v) > 1:
+            m = sum(v) / len(v)
+            total += sum((s - m) ** 2 for s in v) / (len(v) - 1) / len(v)
+    return math.sqrt(total) / len(by)
+
+
+def _completion_logps(model, seqs, attn, width: int, temperature: float):
+    """Per-token log-probabilities of the completion tokens (positions ``width`` on) under ``model``."""
+    import torch
+
+    keep = seqs.shape[1] - width + 1
+    logits = model(input_ids=seqs, attention_mask=attn, logits_to_keep=keep).logits[:, :-1].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, seqs[:, width:, None]).squeeze(-1)
+
+
+def _initial_policy(model, trainer):
+    """A context manager yielding the initial policy: the base with LoRA adapters disabled, else TRL's
+    reference model (present when grpo.beta > 0); None when neither exists."""
+    import contextlib
+
+    if hasattr(model, "disable_adapter"):
+        @contextlib.contextmanager
+        def base():
+            with model.disable_adapter():
+                yield model
+        return base
+    ref = getattr(trainer, "ref_model", None)
+    return (lambda: contextlib.nullcontext(ref)) if ref is not None else None
+
+
 class Evaluator(TrainerCallback):
-    """Held-out evaluation: generate one completion per eval prompt, score with the pool.
+    """Held-out evaluation: ``eval.samples_per_prompt`` completions per eval prompt, scored with the pool.
 
     ``eval/score`` uses fixed weights (``eval.score_weights``) with the EOS rate as the eos term, so
-    it stays comparable when Ray Tune changes the training reward weights.
+    it stays comparable when Ray Tune changes the training reward weights. It is generated at a fixed
+    budget (``max_new_tokens``: ``eval.max_new_tokens`` or the run's largest length), never at the
+    moving training cap, which would make it follow the cap rather than learning; from the same seed
+    at every evaluation (equal policies score equal; a gain is not sampling luck between two draws),
+    inside ``torch.random.fork_rng`` so training's sample stream is the same with or without it.
+    ``eval/score_stderr``: the sampling error of ``eval/score`` given the prompts (within-prompt
+    variance over the samples). ``eval/kl_to_initial``: how far the policy has moved, per token on the
+    eval completions (k3 estimator, as TRL's ``kl``; the initial policy is the base with LoRA
+    adapters disabled, or TRL's reference model without LoRA).
     """
 
     def __init__(self, cfg: RunConfig, records: list[dict], tokenizer, pool, eos_token_ids: list[int],
-                 current_max_len: Callable[[], int], report: Callable[[dict], None] | None = None):
+                 max_new_tokens: int, report: Callable[[dict], None] | None = None):
         from pipeline.data import to_prompt
 
         self.cfg = cfg
@@ -146,11 +199,49 @@ class Evaluator(TrainerCallback):
         self.prompts = [to_prompt(r, cfg.data.system_prompt) for r in self.records]
         self.tokenizer, self.pool = tokenizer, pool
         self.eos_ids = eos_token_ids
-        self.current_max_len = current_max_len
+        self.max_new_tokens = cfg.eval.max_new_tokens or max_new_tokens
         self.report = report
         self.trainer = None
         self.last: dict[str, float] = {}
         self.samples_path: Path | None = None  # rank 0: every answer with its scores (pipeline/eval_samples.py)
+
+    def _generate(self, model, items: list[int], device) -> list[tuple[list[int], float | None]]:
+        """(completion ids, mean per-token k3 KL to the initial policy) for the prompts ``items``, in chunks."""
+        import torch
+
+        chunk = max(1, self.cfg.generation_batch_size // self.cfg.distributed.num_workers)
+        initial = _initial_policy(model, self.trainer)
+        out_rows: list[tuple[list[int], float | None]] = []
+        for start in range(0, len(items), chunk):
+            enc = self.tokenizer.apply_chat_template(
+                [self.prompts[i] for i in items[start:start + chunk]], add_generation_prompt=True, tokenize=True,
+                padding=True, return_tensors="pt", return_dict=True,
+            )
+            enc = {k: v.to(device) for k, v in enc.items()}
+            seqs = model.generate(
+                **enc, max_new_tokens=self.max_new_tokens, do_sample=True, temperature=self.cfg.generation.temperature,
+                top_p=self.cfg.generation.top_p, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.eos_ids,
+            )
+            width = enc["input_ids"].shape[1]
+            rows = []
+            for row in seqs[:, width:].tolist():
+                cut = next((j + 1 for j, t in enumerate(row) if t in self.eos_ids), len(row))
+                rows.append(row[:cut])
+            kls: list[float | None] = [None] * len(rows)
+            if initial is not None and seqs.shape[1] > width:
+                mask = torch.zeros_like(seqs[:, width:])
+                for i, r in enumerate(rows):
+                    mask[i, : len(r)] = 1
+                attn = torch.cat([enc["attention_mask"], mask], dim=1)
+                temp = self.cfg.generation.temperature
+                now = _completion_logps(model, seqs, attn, width, temp)
+                with initial() as base:
+                    before = _completion_logps(base, seqs, attn, width, temp)
+                r = before - now
+                k3 = (torch.exp(r) - 1 - r) * mask
+                kls = (k3.sum(1) / mask.sum(1).clamp(min=1)).tolist()
+            out_rows.extend(zip(rows, kls))
+        return out_rows
 
     def evaluate(self, step: int) -> dict[str, float]:
         import torch
@@ -162,41 +253,30 @@ class Evaluator(TrainerCallback):
         tr = self.trainer
         acc = tr.accelerator
         rank, world = acc.process_index, acc.num_processes
-        mine = list(range(rank, len(self.records), world))
-        max_new = self.cfg.eval.max_new_tokens or self.current_max_len()
-        texts, ids_out = [], []
+        k = self.cfg.eval.samples_per_prompt
+        items = [i for i in range(len(self.records)) for _ in range(k)]
+        mine = list(range(rank, len(items), world))
+        max_new = self.max_new_tokens
+        results: list[tuple[list[int], float | None]] = []
+        devices = [acc.device] if acc.device.type == "cuda" else []
         # Every rank enters the unwrap context (ZeRO-3 gathers parameters collectively there).
-        with unwrap_model_for_generation(tr.model_wrapped, acc) as model, torch.no_grad():
+        with unwrap_model_for_generation(tr.model_wrapped, acc) as model, torch.no_grad(), \
+                torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.cfg.optimization.seed + 1000 * rank)  # the same eval samples at every evaluation
             if mine:
-                enc = self.tokenizer.apply_chat_template(
-                    [self.prompts[i] for i in mine], add_generation_prompt=True, tokenize=True, padding=True,
-                    return_tensors="pt", return_dict=True,
-                )
-                enc = {k: v.to(acc.device) for k, v in enc.items()}
                 was_training = model.training
                 model.eval()
-                rng_state = torch.get_rng_state()
-                torch.manual_seed(self.cfg.optimization.seed + 1000 * rank + step)  # same eval sample stream every run
-                out = model.generate(
-                    **enc, max_new_tokens=max_new, do_sample=True, temperature=self.cfg.generation.temperature,
-                    top_p=self.cfg.generation.top_p, pad_token_id=self.tokenizer.pad_token_id,
-                    eos_token_id=self.eos_ids,
-                )
-                torch.set_rng_state(rng_state)
+                results = self._generate(model, [items[j] for j in mine], acc.device)
                 model.train(was_training)
-                width = enc["input_ids"].shape[1]
-                for row in out[:, width:].tolist():
-                    cut = next((j + 1 for j, t in enumerate(row) if t in self.eos_ids), len(row))
-                    row = [t for t in row[:cut] if t != self.tokenizer.pad_token_id or t in self.eos_ids]
-                    ids_out.append(row)
-                    texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
-        gathered = acc.gather_for_metrics([(i, t, ids) for i, t, ids in zip(mine, texts, ids_out)], use_gather_object=True)
+        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in results]
+        gathered = acc.gather_for_metrics([(j, t, ids, kl) for j, t, (ids, kl) in zip(mine, texts, results)],
+                                          use_gather_object=True)
         gathered = sorted(gathered, key=lambda x: x[0])
         metrics: dict[str, float] = {}
         if gathered:
-            recs = [self.records[i] for i, _, _ in gathered]
-            cands = [t for _, t, _ in gathered]
-            ids = [x for _, _, x in gathered]
+            recs = [self.records[items[j]] for j, _, _, _ in gathered]
+            cands = [t for _, t, _, _ in gathered]
+            ids = [x for _, _, x, _ in gathered]
             q, ref = [r["question"] for r in recs], [r["reference"] for r in recs]
             pool = self.pool
 
@@ -215,15 +295,25 @@ class Evaluator(TrainerCallback):
                 eval_samples.write(self.samples_path, rows)
                 eval_samples.to_tensorboard(tr, step, rows)
             n = len(cands)
-            eos_rate = sum(is_terminated(x, self.eos_ids) for x in ids) / n
-            for k, v in scores.items():
-                metrics[f"eval/{k}"] = sum(v) / n
-            metrics["eval/eos_rate"] = eos_rate
+            ended = [float(is_terminated(x, self.eos_ids)) for x in ids]
+            for key, v in scores.items():
+                metrics[f"eval/{key}"] = sum(v) / n
+            metrics["eval/eos_rate"] = sum(ended) / n
             metrics["eval/mean_length"] = sum(len(x) for x in ids) / n
+            metrics["eval/max_new_tokens"] = max_new
+            metrics["eval/num_completions"] = n
             w = self.cfg.eval.score_weights
-            terms = {**{k: metrics[f"eval/{k}"] for k in REWARD_COMPONENTS}, "eos": eos_rate}
             total = sum(w.values()) or 1.0
-            metrics["eval/score"] = sum(w.get(k, 0.0) * terms[k] for k in REWARD_COMPONENTS) / total
+            per = [sum(w.get(c, 0.0) * (ended[i] if c == "eos" else scores[c][i]) for c in REWARD_COMPONENTS) / total
+                   for i in range(n)]
+            metrics["eval/score"] = sum(per) / n
+            metrics["eval/score_stderr"] = score_stderr([items[j] for j, _, _, _ in gathered], per)
+            kls = [kl for _, _, _, kl in gathered if kl is not None]
+            if kls:
+                mean_kl = sum(kls) / len(kls)
+                metrics["eval/kl_to_initial"] = mean_kl
+                var = sum((x - mean_kl) ** 2 for x in kls) / max(1, len(kls) - 1)
+                metrics["eval/kl_to_initial_stderr"] = math.sqrt(var / len(kls))
         self.last = metrics
         return metrics
 

@@ -157,10 +157,8 @@ def _restore_length_state(run_dir: Path, step: int, length_ctl, truncate: bool) 
     if truncate:
         truncate_jsonl(run_dir / "metrics.jsonl", step)
         truncate_jsonl(run_dir / "samples.jsonl", step)
-    caps = [r[CAP_METRIC] for r in rows if CAP_METRIC in r]
-    clipped = [r["completions/clipped_ratio"] for r in rows if "completions/clipped_ratio" in r]
-    if caps:
-        length_ctl.restore(int(caps[-1]), clipped[-length_ctl.recent.maxlen :] if length_ctl.adaptive else [])
+    if any(CAP_METRIC in r for r in rows):
+        length_ctl.restore(rows)
 
 
 def load_tokenizer(cfg: RunConfig):
@@ -257,7 +255,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     metrics = MetricsSink(run_dir, cfg.output.run_name or run_dir.name, cfg.logging.ray_metrics)
     samples = SamplesWriter(run_dir, cfg.logging.samples_every, cfg.logging.num_samples)
-    evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=ray.train.report)
+    evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, length_ctl.budget, report=ray.train.report)
     health = HealthCallback(config=cfg, print_fn=say or (lambda _msg: None))
     evaluator.samples_path = run_dir / "eval_samples.jsonl" if is_rank0 else None
     events = RunEvents(run_dir, length_ctl, health)

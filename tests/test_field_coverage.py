@@ -55,7 +55,11 @@ FIELD_TESTS: dict[str, str] = {
     "grpo.dynamic_sampling.oversample": "tests/test_dynamic_sampling.py::test_constant_groups_never_reach_the_loss",
     "generation.length_schedule": "tests/test_train_ray.py::test_length_schedule_changes_what_generation_reads",
     **{f"generation.adaptive.{k}": "tests/test_length_control.py::test_adaptive_cap_rises_until_the_clipped_ratio_enters_the_band"
-       for k in ("band_low", "band_high", "floor", "ceiling", "step", "window", "start")},
+       for k in ("band_low", "band_high", "floor", "ceiling", "start")},
+    "generation.adaptive.step":
+        "tests/test_length_control.py::test_adaptive_moves_toward_the_estimate_by_at_least_a_step_within_floor_and_ceiling",
+    "generation.adaptive.window_completions": "tests/test_length_control.py::test_window_and_hysteresis_change_the_decisions",
+    "generation.adaptive.hysteresis": "tests/test_length_control.py::test_more_hysteresis_needs_more_evidence",
     "distributed.num_workers": SEAM + "test_field_reaches_the_ray_train_trainer",
     "distributed.use_gpu": SEAM + "test_field_reaches_the_ray_train_trainer",
     "distributed.gpus_per_worker": SEAM + "test_field_reaches_the_ray_train_trainer",
@@ -73,7 +77,8 @@ FIELD_TESTS: dict[str, str] = {
     "output.checkpoints_kept": SEAM + "test_field_reaches_the_ray_train_trainer",
     "eval.num_prompts": "tests/test_train_ray.py::test_two_workers_zero2_end_to_end",
     "eval.every_steps": "tests/test_train_ray.py::test_two_workers_zero2_end_to_end",
-    "eval.max_new_tokens": "tests/test_train_ray.py::test_two_workers_zero2_end_to_end",
+    "eval.max_new_tokens": "tests/test_eval.py::test_eval_budget_is_the_field_or_the_runs_largest_length",
+    "eval.samples_per_prompt": "tests/test_eval.py::test_learning_rates_10x_apart_end_with_different_eval_scores",
     "eval.score_weights": "tests/test_tune.py::test_three_trial_search_results_best_config_and_training_from_it",
 }
 

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 from transformers import TrainerCallback
 
 from pipeline.config import load_config
-from pipeline.length_control import CAP_METRIC, CompletionLengthControl, adaptive_next, scheduled_length
+from pipeline.length_control import (
+    CAP_METRIC,
+    CompletionLengthControl,
+    adaptive_next,
+    band_side,
+    scheduled_length,
+    smoothed_ratio,
+    target_cap,
+)
 
 
 def test_scheduled_length_follows_the_last_step_reached():
@@ -15,14 +26,43 @@ def test_scheduled_length_follows_the_last_step_reached():
     assert scheduled_length([], 7, 16) == 16
 
 
-@pytest.mark.parametrize("ratio,expected", [(0.9, 40), (0.31, 40), (0.3, 32), (0.2, 32), (0.1, 32), (0.05, 24)])
-def test_adaptive_moves_out_of_the_band_only(ratio, expected):
-    assert adaptive_next(32, ratio, (0.1, 0.3), 8, 8, 128) == expected
+@pytest.mark.parametrize("ratio,n,side", [
+    (0.5, 8, 1), (0.375, 8, 0), (0.25, 64, 0), (0.3, 64, 1),  # one step far above decides; near the edge, a window
+    (0.0, 8, 0), (0.0, 32, 0), (0.0, 40, -1), (1 / 64, 64, 0), (0.0, 64, -1), (0.125, 64, 0),
+])
+def test_band_side_needs_the_miss_to_be_beyond_chance(ratio, n, side):
+    assert band_side(ratio, n, (0.05, 0.2), 1.0) == side
 
 
-def test_adaptive_respects_floor_and_ceiling():
-    assert adaptive_next(120, 1.0, (0.1, 0.3), 16, 8, 128) == 128
-    assert adaptive_next(12, 0.0, (0.1, 0.3), 16, 8, 128) == 8
+def test_more_hysteresis_needs_more_evidence():
+    assert band_side(0.3, 64, (0.05, 0.2), 1.0) == 1 and band_side(0.3, 64, (0.05, 0.2), 2.0) == 0
+    assert band_side(0.0, 40, (0.05, 0.2), 1.0) == -1 and band_side(0.0, 40, (0.05, 0.2), 2.0) == 0
+
+
+def test_adaptive_moves_toward_the_estimate_by_at_least_a_step_within_floor_and_ceiling():
+    assert adaptive_next(32, 0, 80.0, 8, 8, 128) == 32  # inside the band: hold
+    assert adaptive_next(32, 1, 50.4, 8, 8, 128) == 50 and adaptive_next(32, 1, 33.0, 8, 8, 128) == 40
+    assert adaptive_next(32, -1, 20.0, 4, 8, 128) == 20 and adaptive_next(32, -1, 31.0, 4, 8, 128) == 28
+    assert adaptive_next(120, 1, 240.0, 16, 8, 128) == 128 and adaptive_next(12, -1, 2.0, 16, 8, 128) == 8
+
+
+def test_geometric_estimate_from_the_completions_that_ended():
+    # Lengths geometric with EOS hazard 0.1: at cap 10, P(cut) = 0.9**10, mean length (1 - 0.9**10) / 0.1,
+    # and the cap where 12.5% are cut is log(0.125) / log(0.9) = 19.7.
+    cut, mean = 0.9 ** 10, (1 - 0.9 ** 10) / 0.1
+    assert target_cap(10, cut, 100000, mean, 0.125) == pytest.approx(math.log(0.125) / math.log(0.9), abs=0.05)
+    assert target_cap(10, 1.0, 64, 10.0, 0.125) == 20  # nothing ended: double
+    assert target_cap(64, 0.0, 64, 8.0, 0.125) == pytest.approx(43.1, abs=0.1)  # short answers: fall, at most halving
+
+
+def test_estimate_interpolates_between_the_two_sides_of_the_target():
+    # 16 tokens cut 40%, 32 cut 1%: log-linear between them, never outside the bracket.
+    est = target_cap(32, 0.0, 64, 13.0, 0.125, bracket=((16, 0.4), None))
+    c32 = smoothed_ratio(0.0, 64)
+    frac = (math.log(0.125) - math.log(0.4)) / (math.log(c32) - math.log(0.4))
+    assert est == pytest.approx(16 + 16 * frac) and 16 < est < 32
+    # Only a window on the same side known: no bracket, the model's estimate.
+    assert target_cap(32, 0.0, 64, 13.0, 0.125, bracket=(None, (40, 0.01))) == target_cap(32, 0.0, 64, 13.0, 0.125)
 
 
 class _State:
@@ -30,20 +70,100 @@ class _State:
         self.global_step = step
 
 
-def test_adaptive_callback_waits_for_a_full_window_and_logs_the_cap_it_used():
-    cfg = load_config(None, ["generation.adaptive.start=32", "generation.adaptive.window=2",
-                             "generation.adaptive.step=8", "generation.adaptive.ceiling=64"])
+def _feed(ctl, ratios, mean_length=12.0, first_step=1):
+    caps = []
+    for i, r in enumerate(ratios):
+        logs = {"completions/clipped_ratio": r, "completions/mean_length": mean_length}
+        ctl.on_log(None, _State(first_step + i), None, logs=logs)
+        caps.append(logs[CAP_METRIC])
+    return caps
+
+
+ADAPTIVE = ["generation.adaptive.start=32", "generation.adaptive.band_low=0.05", "generation.adaptive.band_high=0.2",
+            "generation.adaptive.step=2", "generation.adaptive.floor=8", "generation.adaptive.ceiling=96"]
+
+
+def test_callback_logs_the_cap_it_used_and_counts_the_window_in_completions():
+    cfg = load_config(None, ADAPTIVE + ["generation.adaptive.window_completions=16", "generation.adaptive.hysteresis=1"])
     ctl = CompletionLengthControl(cfg, log=None)
-    logs = {"completions/clipped_ratio": 1.0}
+    assert ctl.per_step == 8  # per_device_train_batch_size 8 x 1 worker x 1 accumulation step
+    logs = {"completions/clipped_ratio": 0.25, "completions/mean_length": 20.0}
     ctl.on_log(None, _State(1), None, logs=logs)
-    assert logs[CAP_METRIC] == 32 and ctl.current == 32  # one step is not a window
-    logs = {"completions/clipped_ratio": 0.8}
+    assert logs[CAP_METRIC] == 32 and ctl.current == 32  # 2 of 8 cut: not beyond one standard error
+    logs = {"completions/clipped_ratio": 0.75, "completions/mean_length": 20.0}
     ctl.on_log(None, _State(2), None, logs=logs)
-    assert logs[CAP_METRIC] == 32 and ctl.current == 40  # logged: the cap step 2 ran under
+    assert logs[CAP_METRIC] == 32 and ctl.current > 32  # 8 of 16 cut: beyond chance; logged: the cap step 2 ran under
     eval_row = {"eval/score": 0.5}
     ctl.on_log(None, _State(2), None, logs=eval_row)
-    assert CAP_METRIC not in eval_row and ctl.current == 40
-    assert ctl.changes == [(2, 32, 40)]
+    assert CAP_METRIC not in eval_row and ctl.changes == [(2, 32, ctl.current)]
+
+
+def test_window_and_hysteresis_change_the_decisions():
+    """Ratios that wander around the band's upper edge: a short window or no hysteresis chases the noise."""
+    ratios = [0.25, 0.125, 0.5, 0.125, 0.25, 0.0, 0.375, 0.125] * 3
+
+    def changes(*extra):
+        ctl = CompletionLengthControl(load_config(None, ADAPTIVE + list(extra)), log=None)
+        _feed(ctl, ratios, mean_length=20.0)
+        return len(ctl.changes)
+
+    steady = changes("generation.adaptive.window_completions=64", "generation.adaptive.hysteresis=1")
+    assert steady <= 1
+    assert changes("generation.adaptive.window_completions=8", "generation.adaptive.hysteresis=1") > steady
+    assert changes("generation.adaptive.window_completions=64", "generation.adaptive.hysteresis=0") > steady
+
+
+def _simulate(seed: int, median: float, steps: int = 30) -> tuple[CompletionLengthControl, list[int], list[float]]:
+    """The default run's situation: 8 completions per step, answers log-normal around ``median`` tokens."""
+    cfg = load_config(None)  # configs/tiny.yaml
+    ctl = CompletionLengthControl(cfg, log=None)
+    rng = random.Random(seed)
+    caps, clipped = [], []
+    for step in range(1, steps + 1):
+        lengths = [max(1, round(rng.lognormvariate(math.log(median), 0.4))) for _ in range(8)]
+        cap = ctl.current
+        logs = {"completions/clipped_ratio": sum(x > cap for x in lengths) / 8,
+                "completions/mean_length": sum(min(x, cap) for x in lengths) / 8}
+        ctl.on_log(None, _State(step), None, logs=logs)
+        caps.append(cap)
+        clipped.append(logs["completions/clipped_ratio"])
+    return ctl, caps, clipped
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("median", [10, 14])
+def test_cap_settles_on_noisy_small_steps(seed, median):
+    ctl, caps, clipped = _simulate(seed, median)
+    assert caps[0] == 8 and max(caps) > 8
+    assert len(ctl.changes) <= 5  # the rule it replaces: nine changes in 30 steps
+    assert len([c for c in ctl.changes if c[0] >= 15]) <= 2  # the second half holds (nearly) still
+    tail = clipped[15:]
+    assert 0.02 <= sum(tail) / len(tail) <= 0.25  # around the band [0.05, 0.2], 8 completions per step
+
+
+def test_resume_replays_the_logged_steps_to_the_same_state():
+    cfg = load_config(None, ADAPTIVE)
+    ratios = [1.0, 0.875, 0.5, 0.25, 0.0, 0.0, 0.125, 0.0, 0.0, 0.0, 0.0, 0.125, 0.0, 0.0, 0.0, 0.0]
+    whole = CompletionLengthControl(cfg, log=None)
+    rows = []
+    for i, r in enumerate(ratios, start=1):
+        logs = {"completions/clipped_ratio": r, "completions/mean_length": 12.0}
+        whole.on_log(None, _State(i), None, logs=logs)
+        rows.append({"step": i, **logs})
+    assert len(whole.changes) >= 2
+    resumed = CompletionLengthControl(cfg, log=None)
+    resumed.restore(rows[:6])
+    for row in rows[6:]:
+        logs = {k: v for k, v in row.items() if k != CAP_METRIC and k != "step"}
+        resumed.on_log(None, _State(row["step"]), None, logs=logs)
+        assert logs[CAP_METRIC] == row[CAP_METRIC]
+    assert resumed.current == whole.current and resumed.changes == whole.changes
+
+
+def test_budget_is_the_most_the_run_generates():
+    assert CompletionLengthControl(load_config(None, ADAPTIVE), log=None).budget == 96
+    fixed = load_config(None, ["generation.max_completion_length=8", "generation.length_schedule=[[20, 12]]"])
+    assert CompletionLengthControl(fixed, log=None).budget == 12
 
 
 class _Recorder(TrainerCallback):
@@ -65,7 +185,7 @@ def _train_adaptive(tmp_path, start: int, steps: int) -> list[dict]:
     cfg = load_config(None, [
         "generation.max_completion_length=adaptive", f"generation.adaptive.start={start}",
         "generation.adaptive.floor=8", "generation.adaptive.ceiling=96", "generation.adaptive.step=8",
-        "generation.adaptive.window=3", f"optimization.max_steps={steps}", "optimization.learning_rate=1e-5",
+        "generation.adaptive.window_completions=48", f"optimization.max_steps={steps}", "optimization.learning_rate=1e-5",
         "optimization.per_device_train_batch_size=16",
         "logging.progress_bar=false", "output.save_steps=1000", "rewards.weights={rouge_l: 0.5, length: 0.5, judge: 0, eos: 1}",
     ])
