@@ -384,8 +384,9 @@ def _cache_argument(model: torch.nn.Module) -> str | None:
 class EmbeddingJudge:
     """Cosine similarity of mean-pooled sentence embeddings, ``(1 + cos) / 2``; the question is unused.
 
-    Each distinct reference is embedded once per call (GRPO repeats it for every completion of a
-    group). Inputs longer than ``max_input_tokens`` (capped by the model's own limit) keep their head.
+    Each distinct text is embedded once per call: a group's reference (GRPO repeats it for every
+    completion of the group) and a repeated completion. Inputs longer than ``max_input_tokens``
+    (capped by the model's own limit) keep their head.
     """
 
     def __init__(
@@ -422,20 +423,25 @@ class EmbeddingJudge:
         return cls(model, tok, max_input_tokens, **kwargs)
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """L2-normalized mean-pooled embeddings, one row per text."""
+        """L2-normalized mean-pooled embeddings, one row per text; batches hold similar lengths (less padding)."""
         dev = next(self.model.parameters()).device
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         rows = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
                 enc = self.tokenizer(
-                    list(texts[start : start + self.batch_size]), padding=True, truncation=True,
+                    [texts[i] for i in order[start : start + self.batch_size]], padding=True, truncation=True,
                     max_length=self.max_input_tokens, return_tensors="pt",
                 ).to(dev)
                 hidden = self.model(**enc).last_hidden_state.float()
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 rows.append(torch.nn.functional.normalize(pooled, dim=-1).cpu())
-        return torch.cat(rows) if rows else torch.empty(0, 0)
+        if not rows:
+            return torch.empty(0, 0)
+        out = torch.empty_like(torch.cat(rows))
+        out[torch.tensor(order)] = torch.cat(rows)
+        return out
 
     def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
         """``(1 + cos(candidate, reference)) / 2`` in [0, 1]; empty candidates score 0."""
@@ -444,12 +450,14 @@ class EmbeddingJudge:
         todo = [i for i, c in enumerate(candidates) if c and c.strip()]
         if not todo:
             return scores
-        refs = list(dict.fromkeys(references[i] for i in todo))
-        ref_emb = self.embed(refs)
-        row = {r: k for k, r in enumerate(refs)}
-        cand_emb = self.embed([candidates[i] for i in todo])
-        ref_rows = ref_emb[torch.tensor([row[references[i]] for i in todo])]
-        cos = (cand_emb * ref_rows).sum(-1)
+        # a group's reference is embedded once, not G times, and so is a repeated completion; references
+        # and candidates go in separate calls, since padding a short answer to a long reference costs more
+        rows = []
+        for texts in ([references[i] for i in todo], [candidates[i] for i in todo]):
+            distinct = list(dict.fromkeys(texts))
+            where = {t: k for k, t in enumerate(distinct)}
+            rows.append(self.embed(distinct)[torch.tensor([where[t] for t in texts])])
+        cos = (rows[0] * rows[1]).sum(-1)
         for i, c in zip(todo, cos.tolist()):
             scores[i] = min(max((1.0 + c) / 2.0, 0.0), 1.0)
         return scores
