@@ -224,11 +224,10 @@ def test_load_judge_llm_and_chat_template(tiny_judge):
 
 
 def xquad_dir() -> Path | None:
-    here = Path(__file__).resolve()
-    for root in (here.parents[2] / "shared", here.parents[1].parent / "shared"):
-        if (root / "data/xquad-de/xquad.de.json").is_file():
-            return root / "data/xquad-de"
-    return None
+    from tests.conftest import shared_data_dir
+
+    data = shared_data_dir()
+    return data / "xquad-de" if data and (data / "xquad-de/xquad.de.json").is_file() else None
 
 
 @pytest.fixture(scope="module")
