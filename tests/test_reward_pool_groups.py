@@ -12,6 +12,7 @@ from tests.test_judge import build_tiny_lm, grouped
 
 pytestmark = pytest.mark.slow  # real Ray actors: two judges and a scorer start (~1 min on 2 busy cores)
 
+
 @pytest.fixture(scope="module")
 def tiny_llm_path(tmp_path_factory):
     return build_tiny_lm(tmp_path_factory.mktemp("pool-judge"), "left")
