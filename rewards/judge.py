@@ -281,9 +281,10 @@ class LLMJudge:
     ) -> torch.Tensor:
         """``grade_distribution`` of ``prefixes[owner[i]] + suffixes[i]``, each prefix run once.
 
-        Both passes are right-padded: the suffix pass attends to its row's prefix cache slots (the
-        mask covers prefix + suffix), its positions continue after the row's real prefix length,
-        and each row is read at its own last real token.
+        All passes are right-padded: a suffix row attends to its prefix's cache slots (the mask covers
+        prefix + suffix), its positions continue after the row's real prefix length, and it is read
+        at its own last real token. Suffixes run in length buckets (``_buckets``) against the prefix
+        cache cut to the rows' longest prefix, so short answers are not padded to the longest one.
         """
         from transformers import DynamicCache
 
@@ -295,17 +296,27 @@ class LLMJudge:
             position_ids=torch.arange(p_ids.shape[1]).expand_as(p_ids).to(dev), **{self._cache_arg: cache},
             **({"logits_to_keep": 1} if self._logits_to_keep else {}),
         )
-        rows = torch.as_tensor(list(owner), dtype=torch.long)
-        cache.batch_select_indices(rows.to(dev))  # each row gets its group's prefix keys and values
-        s_ids, s_mask, s_last = self._pad(suffixes, "right")
-        kwargs: dict[str, Any] = {
-            "input_ids": s_ids.to(dev),
-            "attention_mask": torch.cat([p_mask[rows], s_mask], dim=1).to(dev),
-            "position_ids": ((p_last[rows] + 1)[:, None] + torch.arange(s_ids.shape[1])).to(dev),
-            "use_cache": True,
-            self._cache_arg: cache,
-        }
-        return self._grades_at(kwargs, s_last)
+        owner_t = torch.as_tensor(list(owner), dtype=torch.long)
+        order = sorted(range(len(suffixes)), key=lambda i: len(suffixes[i]))
+        out = torch.empty(len(suffixes), len(GRADES))
+        for a, b in _buckets([len(suffixes[i]) for i in order]):
+            idx = torch.tensor(order[a:b])
+            rows = owner_t[idx]
+            width = int(p_last[rows].max()) + 1  # slots past every row's prefix are padding
+            sub = DynamicCache(config=self.model.config)  # each row gets its group's prefix keys and values
+            for layer, src in zip(sub.layers, cache.layers):
+                r = rows.to(src.keys.device)
+                layer.update(src.keys[r, :, :width], src.values[r, :, :width])
+            s_ids, s_mask, s_last = self._pad([suffixes[i] for i in order[a:b]], "right")
+            kwargs: dict[str, Any] = {
+                "input_ids": s_ids.to(dev),
+                "attention_mask": torch.cat([p_mask[rows, :width], s_mask], dim=1).to(dev),
+                "position_ids": ((p_last[rows] + 1)[:, None] + torch.arange(s_ids.shape[1])).to(dev),
+                "use_cache": True,
+                self._cache_arg: sub,
+            }
+            out[idx] = self._grades_at(kwargs, s_last).cpu()
+        return out
 
     def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
         """Expected grade / max grade, in [0, 1]; empty candidates score 0."""
@@ -362,6 +373,26 @@ class LLMJudge:
                     cur = []
                 cur += piece
         return chunks + ([cur] if cur else [])
+
+
+_PASS_TOKENS = 32  # a forward pass's fixed cost, in padded tokens: another bucket must save more than this
+
+
+def _buckets(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """Cut sorted ``lengths`` into consecutive spans padded to their longest, minimizing padded tokens
+    plus ``_PASS_TOKENS`` per span (exact, O(n^2) for a batch)."""
+    n = len(lengths)
+    best, cut = [0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            cost = best[i] + (j - i) * lengths[j - 1] + _PASS_TOKENS
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    spans, j = [], n
+    while j > 0:
+        spans.append((cut[j], j))
+        j = cut[j]
+    return spans[::-1]
 
 
 def _plain_cache(model: torch.nn.Module) -> bool:
