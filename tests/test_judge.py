@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rewards.judge import CUE, GRADES, EmbeddingJudge, LLMJudge, fair_share, load_judge
+from rewards.judge import CUE, GRADES, EmbeddingJudge, LLMJudge, _buckets, fair_share, load_judge
 
 WORDS = (
     "Die Stadt liegt am Rhein und hat viele Einwohner . Der Fluss fließt durch Köln , Düsseldorf und Bonn . "
@@ -129,7 +129,9 @@ def test_shared_prefix_equals_unshared_on_mixed_batches(tiny_judge):
     q[4:12] = ["Wer? " + long] * 8
     c[0], c[5], c[9], c[14] = "", "   ", "lang " * 300, c[13]  # empty, blank, over budget, a duplicate
     q, r, c = q + q[12:17], r + r[12:17], c + c[20:25]  # a group split across the batch
-    assert any(len(p) + len(s) == shared.max_input_tokens for p, s in shared.build_parts(q, r, c))
+    parts = shared.build_parts(q, r, c)
+    assert any(len(p) + len(s) == shared.max_input_tokens for p, s in parts)  # the budget is hit
+    assert len(_buckets(sorted(len(s) for _, s in parts))) > 1  # suffixes run in several length buckets
     seen, hook = count_tokens(shared)
     try:
         a = shared.score(q, r, c)
