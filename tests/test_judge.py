@@ -119,7 +119,10 @@ def count_tokens(judge: LLMJudge):
     return seen, hook
 
 
-def test_shared_prefix_equals_unshared_on_mixed_batches(tiny_judge):
+def test_shared_prefix_equals_unshared_on_mixed_batches(tiny_judge, monkeypatch):
+    import rewards.judge
+
+    monkeypatch.setattr(rewards.judge, "_PASS_TOKENS", 4)  # many suffix buckets, each with its own cache cut
     shared = tiny_judge
     unshared = LLMJudge(shared.model, shared.tokenizer, shared.max_input_tokens, share_prefix=False)
     assert shared.share_prefix and not unshared.share_prefix
