@@ -6,10 +6,15 @@
   softmax over the grade tokens, on the same judge model and the same prompts: scores per second
   with 16 and 64 generated tokens, the parse-failure rate of the generative way, and the fraction
   of groups of 8 whose judge scores have zero variance (no GRPO signal) under each.
+* Shared prefix: the one-pass judge scoring each group's G prompts in full (unshared) vs its
+  shared prefix (rubric, question, reference) once and the G suffixes against its cache, at
+  G = 4, 8 and 16: scores per second, the prefix share of tokens, the largest score difference.
 
-The default judge is a tiny random-init Llama (hidden 64, 2 layers) with a byte-level BPE trained
-here on XQuAD text, so the bench runs offline in a minute or two on 2 CPU cores; ``--judge PATH``
-uses any local causal LM instead. XQuAD is read from ``../shared/data/xquad-de`` beside the repo.
+The default judges are random-init Llamas with a byte-level BPE trained here on XQuAD text, so the
+bench runs offline in a few minutes on 2 CPU cores: a tiny one (hidden 64, 2 layers) for one pass
+vs generation, and one big enough that matrix work dominates (hidden 512, 8 layers) for the shared
+prefix; ``--judge PATH`` uses any local causal LM for both. XQuAD is read from
+``../shared/data/xquad-de`` beside the repo.
 
     python bench/rewards.py            # readable table
     python bench/rewards.py --json     # one JSON object
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -126,8 +132,11 @@ def bench_rouge(paragraphs: list[dict], rng: random.Random) -> dict:
 
 
 # -- judge -------------------------------------------------------------------------------------------
-def build_tiny_judge(paragraphs: list[dict], folder: Path, seed: int = 0) -> Path:
-    """Byte-level BPE on XQuAD contexts + random-init tiny Llama, saved like a hub model."""
+SHARED_JUDGE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4)
+
+
+def build_tiny_judge(paragraphs: list[dict], folder: Path, seed: int = 0, sharpen: float = 1.0, **shape) -> Path:
+    """Byte-level BPE on XQuAD contexts + random-init Llama (tiny unless ``shape`` says), saved like a hub model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from pipeline.tiny import train_byte_level_bpe
@@ -136,30 +145,35 @@ def build_tiny_judge(paragraphs: list[dict], folder: Path, seed: int = 0) -> Pat
     texts = [p["context"] for p in paragraphs] + [qa["question"] for p in paragraphs for qa in p["qas"]]
     fast = train_byte_level_bpe(texts + [RUBRIC] * 5, 4000, padding_side="left")
     torch.manual_seed(seed)
+    dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     cfg = LlamaConfig(
-        vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=fast.bos_token_id,
+        vocab_size=len(fast), **{**dims, **shape}, max_position_embeddings=1024, bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
     )
-    LlamaForCausalLM(cfg).save_pretrained(folder)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # sharpen the random init so that scores spread over [0, 1] and differences show
+        model.lm_head.weight.mul_(sharpen)
+    model.save_pretrained(folder)
     fast.save_pretrained(folder)
     return folder
 
 
-def judge_batches(paragraphs: list[dict], n_batches: int, rng: random.Random) -> list[tuple[list[str], list[str], list[str]]]:
-    """64 = 8 prompts x 8 candidate answers; candidates are sentences of the prompt's paragraph."""
+def judge_batches(
+    paragraphs: list[dict], n_batches: int, rng: random.Random, group: int = GROUP
+) -> list[tuple[list[str], list[str], list[str]]]:
+    """64 = 64/G prompts x G candidate answers; candidates are sentences of the prompt's paragraph."""
     usable = [p for p in paragraphs if len(sentences(p["context"])) >= 4]
     batches = []
     for _ in range(n_batches):
         q, r, c = [], [], []
-        for _ in range(64 // GROUP):
+        for _ in range(64 // group):
             para = rng.choice(usable)
             qa = rng.choice(para["qas"])
             sents = sentences(para["context"])
             gold = next((s for s in sents if qa["answers"][0]["text"] in s), sents[0])
-            cands = [gold] + [rng.choice(sents) for _ in range(GROUP - 2)] + [qa["answers"][0]["text"]]
-            q += [qa["question"]] * GROUP
-            r += [gold] * GROUP
+            cands = [gold] + [rng.choice(sents) for _ in range(group - 2)] + [qa["answers"][0]["text"]]
+            q += [qa["question"]] * group
+            r += [gold] * group
             c += cands
         batches.append((q, r, c))
     return batches
@@ -228,6 +242,7 @@ def bench_judge(judge: LLMJudge, paragraphs: list[dict], rng: random.Random, n_b
             fails[n] += f
             new_tokens[n].append(L)
     res["one_pass_scores_per_s"] = 64 / statistics.median(times["one"])
+    res["one_pass_failures"] = sum(not math.isfinite(x) for x in scores["one"]) / len(scores["one"])
     res["one_pass_zero_std_groups"] = zero_std_fraction(scores["one"])
     for n in (16, 64):
         res[f"gen{n}_scores_per_s"] = 64 / statistics.median(times[f"gen{n}"])
@@ -244,12 +259,55 @@ def bench_judge(judge: LLMJudge, paragraphs: list[dict], rng: random.Random, n_b
     return res
 
 
+def bench_shared(judge: LLMJudge, paragraphs: list[dict], rng: random.Random, n_batches: int) -> dict:
+    """Unshared vs shared-prefix scoring of the same batches of 64, interleaved batch by batch; per G the
+    speedup is the median of per-batch time ratios and the scores are compared pair by pair."""
+    plain = LLMJudge(judge.model, judge.tokenizer, judge.max_input_tokens, share_prefix=False)
+    assert judge.share_prefix, "the judge model has no usable key/value cache"
+    res: dict = {"batch": 64, "batches_per_g": n_batches}
+    judge.score(*judge_batches(paragraphs, 1, rng, 8)[0])  # warm-up
+    max_diff, all_scores = 0.0, []
+    for g in (4, 8, 16):
+        batches = judge_batches(paragraphs, n_batches, rng, g)
+        parts = [p for b in batches for p in judge.build_parts(*b)]
+        res[f"g{g}_prefix_share"] = sum(len(p) for p, _ in parts) / sum(len(p) + len(c) for p, c in parts)
+        res[f"g{g}_prompt_tokens"] = statistics.mean(len(p) + len(c) for p, c in parts)
+        t_plain, t_shared, c_plain, c_shared = [], [], [], []
+        for b in batches:
+            t0, c0 = time.perf_counter(), time.process_time()
+            a = plain.score(*b)
+            t_plain.append(time.perf_counter() - t0)
+            c_plain.append(time.process_time() - c0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            s = judge.score(*b)
+            t_shared.append(time.perf_counter() - t0)
+            c_shared.append(time.process_time() - c0)
+            max_diff = max(max_diff, max(abs(x - y) for x, y in zip(a, s)))
+            all_scores += s
+        res[f"g{g}_unshared_scores_per_s"] = 64 / statistics.median(t_plain)
+        res[f"g{g}_shared_scores_per_s"] = 64 / statistics.median(t_shared)
+        res[f"g{g}_speedup"] = statistics.median(p / q for p, q in zip(t_plain, t_shared))
+        # CPU seconds of this process: steadier than wall time when other work shares the cores
+        res[f"g{g}_cpu_speedup"] = statistics.median(p / q for p, q in zip(c_plain, c_shared))
+    res["max_abs_diff"] = max_diff
+    res["pairs"], res["score_std"] = len(all_scores), statistics.pstdev(all_scores)
+    return res
+
+
+def describe(judge: LLMJudge) -> str:
+    c = judge.model.config
+    return (f"random Llama (hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads / "
+            f"{c.num_key_value_heads} kv, MLP {c.intermediate_size}, vocab {c.vocab_size}, "
+            f"{sum(p.numel() for p in judge.model.parameters()) / 1e6:.1f}M params)")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--xquad", help="folder holding xquad.de.json")
     ap.add_argument("--judge", help="local causal LM folder to use as the judge (default: a tiny random Llama)")
     ap.add_argument("--batches", type=int, default=6, help="judge batches of 64 (8 groups of 8)")
+    ap.add_argument("--shared-batches", type=int, default=3, help="shared-prefix batches of 64 per group size G")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -259,18 +317,28 @@ def main(argv: list[str] | None = None) -> dict:
     rouge = bench_rouge(paragraphs, rng)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.judge or str(build_tiny_judge(paragraphs, Path(tmp) / "judge"))
-        judge = LLMJudge.from_pretrained(path, device="cpu", max_input_tokens=512)
+        judge = LLMJudge.from_pretrained(path, device="cpu", max_input_tokens=512, share_prefix=False)  # as generation: whole prompts
         jres = bench_judge(judge, paragraphs, rng, args.batches)
+        big_path = args.judge or str(build_tiny_judge(paragraphs, Path(tmp) / "judge-big", sharpen=10.0, **SHARED_JUDGE))
+        big = LLMJudge.from_pretrained(big_path, device="cpu", max_input_tokens=512)
+        sres = bench_shared(big, paragraphs, rng, args.shared_batches)
+    rounded = lambda d: {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
     result = {
         "rouge_speedup": round(rouge["speedup"], 1),
         "judge_speedup": round(jres["speedup_16"], 2),
         "judge_speedup_64": round(jres["speedup_64"], 2),
-        "judge_parse_failures": round(jres["gen16_parse_failures"], 3),
+        # [one pass, generate 16 + parse]: the one-pass judge has no text to parse; it counts non-finite scores
+        "judge_parse_failures": [round(jres["one_pass_failures"], 3), round(jres["gen16_parse_failures"], 3)],
         "judge_zero_std_groups": [round(jres["one_pass_zero_std_groups"], 3), round(jres["gen16_zero_std_groups"], 3)],
+        "judge_shared_speedup_g8": round(sres["g8_speedup"], 2),
+        "judge_shared_speedup_g16": round(sres["g16_speedup"], 2),
+        "judge_shared_max_abs_diff": sres["max_abs_diff"],
         "judge_model": args.judge or "tiny random Llama (hidden 64, 2 layers)",
+        "judge_shared_model": args.judge or describe(big),
         "threads": torch.get_num_threads(),
-        "rouge": {k: round(v, 4) if isinstance(v, float) else v for k, v in rouge.items()},
-        "judge": {k: round(v, 4) if isinstance(v, float) else v for k, v in jres.items()},
+        "rouge": rounded(rouge),
+        "judge": rounded(jres),
+        "judge_shared": rounded(sres),
     }
     if args.json:
         print(json.dumps(result))
@@ -295,6 +363,16 @@ def print_table(res: dict) -> None:
         print(f"  {f'generate {n} + parse':<28}{j[f'gen{n}_scores_per_s']:>10.0f}{j[f'speedup_{n}']:>8.2f}x"
               f"{j[f'gen{n}_parse_failures']:>12.1%}{j[f'gen{n}_zero_std_groups']:>17.1%}{j[f'gen{n}_new_tokens']:>12.0f}")
     print(f"  one padded batch: forward pass {j['forward_ms']:.0f} ms, generate 16 tokens + parse {j['generate16_ms']:.0f} ms")
+    sh = res["judge_shared"]
+    print()
+    print(f"Shared prefix: {res['judge_shared_model']}, {sh['batches_per_g']} batches of {sh['batch']} per G")
+    print(f"  {'G':>4}{'prompt tokens':>15}{'prefix share':>14}{'unshared/s':>12}{'shared/s':>10}{'speedup':>9}{'CPU-time':>10}")
+    for g in (4, 8, 16):
+        print(f"  {g:>4}{sh[f'g{g}_prompt_tokens']:>15.0f}{sh[f'g{g}_prefix_share']:>14.1%}"
+              f"{sh[f'g{g}_unshared_scores_per_s']:>12.1f}{sh[f'g{g}_shared_scores_per_s']:>10.1f}"
+              f"{sh[f'g{g}_speedup']:>8.2f}x{sh[f'g{g}_cpu_speedup']:>9.2f}x")
+    print(f"  largest |shared - unshared| over {sh['pairs']} pairs: {res['judge_shared_max_abs_diff']:.1e}"
+          f" (scores spread with std {sh['score_std']:.3f})")
 
 
 if __name__ == "__main__":

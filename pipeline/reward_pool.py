@@ -1,9 +1,10 @@
 """The reward pool: Ray actors that hold the frozen judge and the cheap scorers.
 
 The judge is loaded once per actor and never sees a gradient. Batches are split across actors
-and awaited together. A failed actor is restarted by Ray (``max_restarts``) and its slice is
-scored again; after ``max_retries`` the pool raises ``RewardPoolError`` naming the actor and the
-cause, so no step trains on missing or zero-filled rewards.
+(judge batches between GRPO groups, never inside one) and awaited together. A failed actor is
+restarted by Ray (``max_restarts``) and its slice is scored again; after ``max_retries`` the pool
+raises ``RewardPoolError`` naming the actor and the cause, so no step trains on missing or
+zero-filled rewards.
 """
 
 from __future__ import annotations
@@ -117,6 +118,21 @@ def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def _group_chunks(keys: Sequence[Any], parts: int) -> list[tuple[int, int]]:
+    """Like ``_chunks``, but every cut falls between runs of equal keys: a GRPO group (same question
+    and reference) stays on one judge actor, which encodes its shared prefix once."""
+    n = len(keys)
+    bounds = [i for i in range(1, n) if keys[i] != keys[i - 1]]
+    cuts: list[int] = []
+    for k in range(1, max(1, min(parts, n))):
+        target = k * n / parts  # the group boundary nearest to an even split
+        best = min((b for b in bounds if not cuts or b > cuts[-1]), key=lambda b: abs(b - target), default=None)
+        if best is not None:
+            cuts.append(best)
+    edges = [0, *cuts, n]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
 @dataclass
 class RewardPool:
     """Handles to the pool's actors; picklable, so every Ray Train worker and Tune trial shares it."""
@@ -127,11 +143,14 @@ class RewardPool:
     judge_names: list[str] = field(default_factory=list)
     scorer_names: list[str] = field(default_factory=list)
 
-    async def _call(self, actors: list[Any], names: list[str], method: str, columns: Sequence[list], extra: tuple = ()) -> list[float]:
+    async def _call(
+        self, actors: list[Any], names: list[str], method: str, columns: Sequence[list], extra: tuple = (),
+        group_keys: Sequence[Any] | None = None,
+    ) -> list[float]:
         n = len(columns[0])
         if n == 0:
             return []
-        spans = _chunks(n, len(actors))
+        spans = _chunks(n, len(actors)) if group_keys is None else _group_chunks(group_keys, len(actors))
         results: list[list[float] | None] = [None] * len(spans)
         errors: dict[int, BaseException] = {}
         for attempt in range(self.max_retries + 1):
@@ -165,7 +184,8 @@ class RewardPool:
         return [x for r in results for x in r]  # type: ignore[union-attr]
 
     async def judge(self, questions: list[str], references: list[str], candidates: list[str]) -> list[float]:
-        return await self._call(self.judges, self.judge_names, "score", (questions, references, candidates))
+        groups = list(zip(questions, references))  # split between groups, never inside one
+        return await self._call(self.judges, self.judge_names, "score", (questions, references, candidates), group_keys=groups)
 
     async def rouge_l(self, candidates: list[str], references: list[str]) -> list[float]:
         return await self._call(self.scorers, self.scorer_names, "rouge_l", (candidates, references))

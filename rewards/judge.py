@@ -6,9 +6,12 @@ with the policy, parsing failed, and integer grades left groups with zero varian
 * ``LLMJudge``: a causal LM reads a German rubric prompt (question, reference answer, candidate
   answer, the meaning of each grade) that ends with the grade cue. One batched forward pass gives
   the next-token logits; a softmax over the grade tokens only gives a distribution over grades,
-  and the expected grade rescaled to [0, 1] is the score: continuous, never unparsable.
+  and the expected grade rescaled to [0, 1] is the score: continuous, never unparsable. A GRPO
+  group's G prompts differ only after the reference, so that shared prefix (rubric, question,
+  reference) is run once and its key/value cache serves the G candidate suffixes.
 * ``EmbeddingJudge``: cosine similarity of candidate and reference sentence embeddings (mean
-  pooling), rescaled ``(1 + cos) / 2`` to [0, 1]. Ignores the question.
+  pooling), rescaled ``(1 + cos) / 2`` to [0, 1]. Ignores the question. Each distinct reference
+  and each distinct candidate is embedded once per call.
 * backend ``self``: an ``LLMJudge`` wrapping the live policy, only to reproduce the seed.
 
 Judges are frozen (eval mode, ``requires_grad`` off, ``torch.inference_mode``) and loaded once.
@@ -91,11 +94,19 @@ class LLMJudge:
     """Grade-token judge on any Hugging Face causal LM.
 
     Token budget: every prompt is built from separately tokenized pieces, ``[special prefix]
-    rubric-head, question, rubric-mid, reference, rubric-mid, candidate, rubric-tail + cue``. The
-    fixed pieces (rubric and cue) are never cut; the remaining ``max_input_tokens - fixed``
-    tokens are shared max-min fairly by question, reference and candidate, each truncated at its
-    end. So the grade cue is always the last input position, and the score of a pair does not
+    rubric-head, question, rubric-mid, reference, rubric-mid`` (the prefix) and ``candidate,
+    rubric-tail + cue`` (the suffix). The fixed pieces (rubric and cue) are never cut; of the
+    remaining ``max_input_tokens - fixed`` tokens, question and reference take their max-min fair
+    share against a candidate as long as the whole budget, and the candidate takes what they leave
+    (at least a third), each field truncated at its end. So the prefix depends only on (question,
+    reference), the grade cue is always the last input position, and a pair's score does not
     depend on the rest of the batch.
+
+    ``share_prefix`` (default): rows with the same (question, reference) are scored as a group, the
+    prefix in one forward pass whose key/value cache is expanded to the group's suffixes, which run
+    in one batched pass (right-padded, positions continuing after each row's prefix). The unshared
+    path (``share_prefix=False``, or a model without a usable cache) runs whole prompts and gives
+    the same scores within float error. Identical triples are scored once.
 
     ``chat_template``: None uses the tokenizer's chat template when it has one (rubric as the
     user turn, cue opening the assistant turn); False always uses the plain prompt.
@@ -112,6 +123,7 @@ class LLMJudge:
         batch_size: int = 64,
         chat_template: bool | None = None,
         freeze: bool = True,
+        share_prefix: bool = True,
         name: str = "llm",
     ) -> None:
         self.model, self.tokenizer, self.name = model, tokenizer, name
@@ -131,6 +143,8 @@ class LLMJudge:
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
         self._position_ids = _accepts(model.forward, "position_ids")
         self._logits_to_keep = _accepts(model.forward, "logits_to_keep")
+        self._cache_arg = _cache_argument(model) if self._position_ids else None
+        self.share_prefix = share_prefix and self._cache_arg is not None and _plain_cache(model)
 
     @classmethod
     def from_pretrained(
@@ -203,26 +217,32 @@ class LLMJudge:
         return self.build_batch([question], [reference], [candidate])[0]
 
     def build_batch(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[list[int]]:
-        """``build_inputs`` for many triples; each distinct string is tokenized once, in one batched call."""
+        """``build_inputs`` for many triples: each prefix + suffix of ``build_parts``."""
+        return [p + c for p, c in self.build_parts(questions, references, candidates)]
+
+    def build_parts(
+        self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]
+    ) -> list[tuple[list[int], list[int]]]:
+        """(prefix, suffix) ids per triple; each distinct string is tokenized once, in one batched call."""
         texts = list(dict.fromkeys([*questions, *references, *candidates]))
         ids = dict(zip(texts, self.tokenizer(texts, add_special_tokens=False)["input_ids"])) if texts else {}
         head, mid1, mid2, tail = self._pieces
+        budget = self.max_input_tokens - self._fixed
         out = []
         for q, r, c in zip(questions, references, candidates):
-            fields = (ids[q], ids[r], ids[c])
-            keep = fair_share([len(f) for f in fields], self.max_input_tokens - self._fixed)
-            fq, fr, fc = (f[:k] for f, k in zip(fields, keep))
-            out.append(head + fq + mid1 + fr + mid2 + fc + tail)
+            fq, fr, fc = ids[q], ids[r], ids[c]
+            kq, kr, _ = fair_share([len(fq), len(fr), budget], budget)  # never depends on the candidate
+            out.append((head + fq[:kq] + mid1 + fr[:kr] + mid2, fc[: budget - kq - kr] + tail))
         return out
 
     # -- scoring --------------------------------------------------------------------------
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Pad on the tokenizer's side; return ids, attention mask and the index of each cue."""
+    def _pad(self, seqs: list[list[int]], side: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pad on ``side`` (default: the tokenizer's); return ids, attention mask and the index of each last token."""
         width = max(len(s) for s in seqs)
-        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        left = (side or getattr(self.tokenizer, "padding_side", "right")) == "left"
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         last = torch.empty(len(seqs), dtype=torch.long)
@@ -233,52 +253,173 @@ class LLMJudge:
             last[i] = width - 1 if left else len(s) - 1
         return ids, mask, last
 
+    def _grades_at(self, kwargs: dict[str, Any], last: torch.Tensor) -> torch.Tensor:
+        """Run the model on ``kwargs`` keeping only the logits at ``last`` (one input position per row)."""
+        width = kwargs["input_ids"].shape[1]
+        keep = torch.unique(last)
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1 if keep.numel() == 1 and int(keep) == width - 1 else keep.to(kwargs["input_ids"].device)
+        logits = self.model(**kwargs).logits
+        if logits.shape[1] != width:  # only the kept positions came back
+            col = torch.searchsorted(keep, last) if logits.shape[1] == keep.numel() else torch.zeros_like(last)
+        else:
+            col = last
+        at_cue = logits[torch.arange(len(last)), col.to(logits.device)]
+        return torch.softmax(at_cue[:, self.grade_ids].float(), dim=-1)
+
     def grade_distribution(self, seqs: list[list[int]]) -> torch.Tensor:
-        """Probabilities over the grades at the cue, one row per prompt, from one forward pass."""
+        """Probabilities over the grades at the cue, one row per whole prompt, from one forward pass."""
         ids, mask, last = self._pad(seqs)
         dev = self._device()
         kwargs: dict[str, Any] = {"input_ids": ids.to(dev), "attention_mask": mask.to(dev), "use_cache": False}
         if self._position_ids:  # positions count real tokens only, so left padding shifts nothing
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(dev)
-        keep = torch.unique(last)
-        if self._logits_to_keep:
-            kwargs["logits_to_keep"] = 1 if keep.numel() == 1 and int(keep) == ids.shape[1] - 1 else keep.to(dev)
-        logits = self.model(**kwargs).logits
-        if logits.shape[1] != ids.shape[1]:  # only the kept positions came back
-            col = torch.searchsorted(keep, last) if logits.shape[1] == keep.numel() else torch.zeros_like(last)
-        else:
-            col = last
-        at_cue = logits[torch.arange(len(seqs)), col.to(logits.device)]
-        return torch.softmax(at_cue[:, self.grade_ids].float(), dim=-1)
+        return self._grades_at(kwargs, last)
+
+    def grade_distribution_shared(
+        self, prefixes: list[list[int]], suffixes: list[list[int]], owner: Sequence[int]
+    ) -> torch.Tensor:
+        """``grade_distribution`` of ``prefixes[owner[i]] + suffixes[i]``, each prefix run once.
+
+        All passes are right-padded: a suffix row attends to its prefix's cache slots (the mask covers
+        prefix + suffix), its positions continue after the row's real prefix length, and it is read
+        at its own last real token. Suffixes run in length buckets (``_buckets``) against the prefix
+        cache cut to the rows' longest prefix, so short answers are not padded to the longest one.
+        """
+        from transformers import DynamicCache
+
+        dev = self._device()
+        p_ids, p_mask, p_last = self._pad(prefixes, "right")
+        cache = DynamicCache(config=self.model.config)
+        self.model(
+            input_ids=p_ids.to(dev), attention_mask=p_mask.to(dev), use_cache=True,
+            position_ids=torch.arange(p_ids.shape[1]).expand_as(p_ids).to(dev), **{self._cache_arg: cache},
+            **({"logits_to_keep": 1} if self._logits_to_keep else {}),
+        )
+        owner_t = torch.as_tensor(list(owner), dtype=torch.long)
+        order = sorted(range(len(suffixes)), key=lambda i: len(suffixes[i]))
+        out = torch.empty(len(suffixes), len(GRADES))
+        for a, b in _buckets([len(suffixes[i]) for i in order]):
+            idx = torch.tensor(order[a:b])
+            rows = owner_t[idx]
+            width = int(p_last[rows].max()) + 1  # slots past every row's prefix are padding
+            sub = DynamicCache(config=self.model.config)  # each row gets its group's prefix keys and values
+            for layer, src in zip(sub.layers, cache.layers):
+                r = rows.to(src.keys.device)
+                layer.update(src.keys[r, :, :width], src.values[r, :, :width])
+            s_ids, s_mask, s_last = self._pad([suffixes[i] for i in order[a:b]], "right")
+            kwargs: dict[str, Any] = {
+                "input_ids": s_ids.to(dev),
+                "attention_mask": torch.cat([p_mask[rows, :width], s_mask], dim=1).to(dev),
+                "position_ids": ((p_last[rows] + 1)[:, None] + torch.arange(s_ids.shape[1])).to(dev),
+                "use_cache": True,
+                self._cache_arg: sub,
+            }
+            out[idx] = self._grades_at(kwargs, s_last).cpu()
+        return out
 
     def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
         """Expected grade / max grade, in [0, 1]; empty candidates score 0."""
         _check_lengths(questions, references, candidates)
         scores = [0.0] * len(candidates)
-        todo = [i for i, c in enumerate(candidates) if c and c.strip()]
-        built = self.build_batch([questions[i] for i in todo], [references[i] for i in todo], [candidates[i] for i in todo])
-        seqs = dict(zip(todo, built))
-        todo.sort(key=lambda i: len(seqs[i]))  # similar lengths together: less padding
+        rows: dict[tuple[str, str, str], list[int]] = {}  # identical triples are scored once
+        for i, c in enumerate(candidates):
+            if c and c.strip():
+                rows.setdefault((questions[i], references[i], c), []).append(i)
+        triples = list(rows)
+        parts = self.build_parts(*zip(*triples)) if triples else []
+        share = self.share_prefix
         values = torch.arange(len(GRADES), dtype=torch.float32) / (len(GRADES) - 1)
         was_training = self.model.training
         try:
             self.model.eval()
             with torch.inference_mode():
-                for start in range(0, len(todo), self.batch_size):
-                    chunk = todo[start : start + self.batch_size]
-                    probs = self.grade_distribution([seqs[i] for i in chunk]).cpu()
-                    for i, s in zip(chunk, (probs @ values).tolist()):
-                        scores[i] = min(max(s, 0.0), 1.0)
+                for chunk in (self._shared_chunks(triples, parts) if share else self._chunks(parts)):
+                    if share:
+                        prefixes = list(dict.fromkeys(tuple(parts[k][0]) for k in chunk))
+                        where = {p: j for j, p in enumerate(prefixes)}
+                        probs = self.grade_distribution_shared(
+                            [list(p) for p in prefixes], [parts[k][1] for k in chunk],
+                            [where[tuple(parts[k][0])] for k in chunk],
+                        )
+                    else:
+                        probs = self.grade_distribution([parts[k][0] + parts[k][1] for k in chunk])
+                    for k, s in zip(chunk, (probs.cpu() @ values).tolist()):
+                        for i in rows[triples[k]]:
+                            scores[i] = min(max(s, 0.0), 1.0)
         finally:
             self.model.train(was_training)
         return scores
+
+    def _chunks(self, parts: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+        """Whole prompts in batches of ``batch_size``, similar lengths together: less padding."""
+        order = sorted(range(len(parts)), key=lambda k: len(parts[k][0]) + len(parts[k][1]))
+        return [order[a : a + self.batch_size] for a in range(0, len(order), self.batch_size)]
+
+    def _shared_chunks(self, triples: list[tuple[str, str, str]], parts: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+        """Groups (same question and reference) packed whole into batches of ``batch_size`` rows, by prefix length;
+        a group larger than a batch is cut into full batches."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for k, (q, r, _) in enumerate(triples):
+            groups.setdefault((q, r), []).append(k)
+        chunks: list[list[int]] = []
+        cur: list[int] = []
+        for g in sorted(groups.values(), key=lambda g: len(parts[g[0]][0])):
+            g = sorted(g, key=lambda k: len(parts[k][1]))
+            for a in range(0, len(g), self.batch_size):
+                piece = g[a : a + self.batch_size]
+                if len(cur) + len(piece) > self.batch_size:
+                    chunks.append(cur)
+                    cur = []
+                cur += piece
+        return chunks + ([cur] if cur else [])
+
+
+# A forward pass's fixed cost, in padded tokens: another bucket must save more than this. Measured on
+# CPU (hidden 512, 8 layers), 32 made G=8 slower than one bucket (each bucket copies its cache rows).
+_PASS_TOKENS = 1024
+
+
+def _buckets(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """Cut sorted ``lengths`` into consecutive spans padded to their longest, minimizing padded tokens
+    plus ``_PASS_TOKENS`` per span (exact, O(n^2) for a batch)."""
+    n = len(lengths)
+    best, cut = [0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            cost = best[i] + (j - i) * lengths[j - 1] + _PASS_TOKENS
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    spans, j = [], n
+    while j > 0:
+        spans.append((cut[j], j))
+        j = cut[j]
+    return spans[::-1]
+
+
+def _plain_cache(model: torch.nn.Module) -> bool:
+    """Sharing needs a plain full-attention cache: a sliding-window or recurrent layer would drop padded slots."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layers = DynamicCache(config=model.config).layers
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _cache_argument(model: torch.nn.Module) -> str | None:
+    """The keyword the model's forward takes its key/value cache by (``cache`` in transformers 5, else
+    ``past_key_values``); None when it names neither, and the judge does not share prefixes."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper passes kwargs on
+    params = inspect.signature(base.forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in params), None)
 
 
 class EmbeddingJudge:
     """Cosine similarity of mean-pooled sentence embeddings, ``(1 + cos) / 2``; the question is unused.
 
-    Each distinct reference is embedded once per call (GRPO repeats it for every completion of a
-    group). Inputs longer than ``max_input_tokens`` (capped by the model's own limit) keep their head.
+    Each distinct text is embedded once per call: a group's reference (GRPO repeats it for every
+    completion of the group) and a repeated completion. Inputs longer than ``max_input_tokens``
+    (capped by the model's own limit) keep their head.
     """
 
     def __init__(
@@ -315,20 +456,25 @@ class EmbeddingJudge:
         return cls(model, tok, max_input_tokens, **kwargs)
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """L2-normalized mean-pooled embeddings, one row per text."""
+        """L2-normalized mean-pooled embeddings, one row per text; batches hold similar lengths (less padding)."""
         dev = next(self.model.parameters()).device
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         rows = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
                 enc = self.tokenizer(
-                    list(texts[start : start + self.batch_size]), padding=True, truncation=True,
+                    [texts[i] for i in order[start : start + self.batch_size]], padding=True, truncation=True,
                     max_length=self.max_input_tokens, return_tensors="pt",
                 ).to(dev)
                 hidden = self.model(**enc).last_hidden_state.float()
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 rows.append(torch.nn.functional.normalize(pooled, dim=-1).cpu())
-        return torch.cat(rows) if rows else torch.empty(0, 0)
+        if not rows:
+            return torch.empty(0, 0)
+        out = torch.empty_like(torch.cat(rows))
+        out[torch.tensor(order)] = torch.cat(rows)
+        return out
 
     def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
         """``(1 + cos(candidate, reference)) / 2`` in [0, 1]; empty candidates score 0."""
@@ -337,12 +483,14 @@ class EmbeddingJudge:
         todo = [i for i, c in enumerate(candidates) if c and c.strip()]
         if not todo:
             return scores
-        refs = list(dict.fromkeys(references[i] for i in todo))
-        ref_emb = self.embed(refs)
-        row = {r: k for k, r in enumerate(refs)}
-        cand_emb = self.embed([candidates[i] for i in todo])
-        ref_rows = ref_emb[torch.tensor([row[references[i]] for i in todo])]
-        cos = (cand_emb * ref_rows).sum(-1)
+        # a group's reference is embedded once, not G times, and so is a repeated completion; references
+        # and candidates go in separate calls, since padding a short answer to a long reference costs more
+        rows = []
+        for texts in ([references[i] for i in todo], [candidates[i] for i in todo]):
+            distinct = list(dict.fromkeys(texts))
+            where = {t: k for k, t in enumerate(distinct)}
+            rows.append(self.embed(distinct)[torch.tensor([where[t] for t in texts])])
+        cos = (rows[0] * rows[1]).sum(-1)
         for i, c in zip(todo, cos.tolist()):
             scores[i] = min(max((1.0 + c) / 2.0, 0.0), 1.0)
         return scores

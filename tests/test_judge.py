@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rewards.judge import CUE, GRADES, EmbeddingJudge, LLMJudge, fair_share, load_judge
+from rewards.judge import CUE, GRADES, EmbeddingJudge, LLMJudge, _buckets, fair_share, load_judge
 
 WORDS = (
     "Die Stadt liegt am Rhein und hat viele Einwohner . Der Fluss fließt durch Köln , Düsseldorf und Bonn . "
@@ -104,6 +104,66 @@ def test_llm_judge_truncation_keeps_cue(tiny_judge):
     assert 0.0 <= s <= 1.0
 
 
+def grouped(sizes: list[int], seed: int = 3) -> tuple[list[str], list[str], list[str]]:
+    """GRPO-shaped rows: one (question, reference) per group, ``sizes[k]`` candidates each."""
+    q, r, c = triples(sum(sizes), seed)
+    Q = [q[k] for k, n in enumerate(sizes) for _ in range(n)]
+    R = [r[k] for k, n in enumerate(sizes) for _ in range(n)]
+    return Q, R, c
+
+
+def count_tokens(judge: LLMJudge):
+    """Tokens the judge model runs through its embedding layer (prefix + suffix passes, or whole prompts)."""
+    seen = []
+    hook = judge.model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].numel()))
+    return seen, hook
+
+
+def test_shared_prefix_equals_unshared_on_mixed_batches(tiny_judge, monkeypatch):
+    import rewards.judge
+
+    monkeypatch.setattr(rewards.judge, "_PASS_TOKENS", 4)  # many suffix buckets, each with its own cache cut
+    shared = tiny_judge
+    unshared = LLMJudge(shared.model, shared.tokenizer, shared.max_input_tokens, share_prefix=False)
+    assert shared.share_prefix and not unshared.share_prefix
+    q, r, c = grouped([1, 3, 8, 5, 2, 7])
+    long = "Straße Übung groß " * 120  # prefixes and candidates far over the 160-token budget
+    q[1:4], r[1:4] = [long] * 3, ["Referenz " + long] * 3
+    q[4:12] = ["Wer? " + long] * 8
+    c[0], c[5], c[9], c[14] = "", "   ", "lang " * 300, c[13]  # empty, blank, over budget, a duplicate
+    q, r, c = q + q[12:17], r + r[12:17], c + c[20:25]  # a group split across the batch
+    parts = shared.build_parts(q, r, c)
+    assert any(len(p) + len(s) == shared.max_input_tokens for p, s in parts)  # the budget is hit
+    assert len(_buckets(sorted(len(s) for _, s in parts))) > 1  # suffixes run in several length buckets
+    seen, hook = count_tokens(shared)
+    try:
+        a = shared.score(q, r, c)
+        shared_tokens = sum(seen)
+        seen.clear()
+        b = unshared.score(q, r, c)
+        unshared_tokens = sum(seen)
+    finally:
+        hook.remove()
+    assert a[0] == a[5] == 0.0 and b[0] == b[5] == 0.0
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+    assert len({round(x, 5) for x in a}) > 10  # real, different scores, not a constant
+    assert shared_tokens < 0.7 * unshared_tokens, (shared_tokens, unshared_tokens)
+    # batches smaller than a group: the group is cut into full batches, same scores
+    small = LLMJudge(shared.model, shared.tokenizer, shared.max_input_tokens, batch_size=3)
+    assert max(abs(x - y) for x, y in zip(small.score(q, r, c), b)) < 1e-4
+
+
+def test_truncation_keeps_the_prefix_of_a_group(tiny_judge):
+    long = "Straße Übung groß " * 120
+    cands = ["Ja", "Goethe schrieb es " * 3, long]
+    parts = tiny_judge.build_parts([long] * 3, ["Referenz " + long] * 3, cands)
+    assert len({tuple(p) for p, _ in parts}) == 1  # the candidate takes no budget from question and reference
+    budget = tiny_judge.max_input_tokens - tiny_judge._fixed
+    assert all(len(p) + len(s) <= tiny_judge.max_input_tokens for p, s in parts)
+    assert len(parts[2][0]) + len(parts[2][1]) == tiny_judge.max_input_tokens  # a long candidate fills the rest
+    assert len(parts[2][1]) - len(tiny_judge._pieces[3]) >= budget // 3
+
+
 def test_fair_share():
     assert fair_share([5, 100, 7], 60) == [5, 48, 7]
     assert fair_share([50, 50, 50], 60) == [20, 20, 20]
@@ -135,6 +195,10 @@ def test_self_backend_leaves_policy_trainable(tiny_judge):
     s = judge.score(["Wer?"], ["Goethe"], ["Schiller"])
     assert judge.name == "self" and 0.0 <= s[0] <= 1.0
     assert policy.training and all(p.requires_grad for p in policy.parameters())
+    # the live policy shares prefixes too: a group's scores match the frozen judge's (same weights)
+    q, r, c = grouped([4, 3])
+    assert judge.share_prefix and max(abs(x - y) for x, y in zip(judge.score(q, r, c), tiny_judge.score(q, r, c))) < 1e-4
+    assert policy.training
     with pytest.raises(ValueError, match="policy"):
         load_judge("self", "x")
     with pytest.raises(ValueError, match="unknown judge backend"):
@@ -165,11 +229,10 @@ def test_load_judge_llm_and_chat_template(tiny_judge):
 
 
 def xquad_dir() -> Path | None:
-    here = Path(__file__).resolve()
-    for root in (here.parents[2] / "shared", here.parents[1].parent / "shared"):
-        if (root / "data/xquad-de/xquad.de.json").is_file():
-            return root / "data/xquad-de"
-    return None
+    from tests.conftest import shared_data_dir
+
+    data = shared_data_dir()
+    return data / "xquad-de" if data and (data / "xquad-de/xquad.de.json").is_file() else None
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +247,22 @@ def test_embedding_judge_basics(minilm):
     assert s[0] == pytest.approx(1.0, abs=1e-5)
     assert s[1] == 0.0 and s[3] == 0.0 and 0.0 < s[2] < s[0]
     assert not minilm.model.training and not any(p.requires_grad for p in minilm.model.parameters())
+
+
+def test_embedding_judge_embeds_each_reference_once_per_group(minilm):
+    refs = ["Die Stadt liegt am Rhein.", "Goethe schrieb den Faust."]
+    q, r = ["?"] * 12, [refs[0]] * 8 + [refs[1]] * 4
+    c = [f"Antwort {i % 5} über die Stadt am Rhein" for i in range(12)]  # repeated completions too
+    calls = []
+    embed = minilm.embed
+    minilm.embed = lambda texts: calls.append(list(texts)) or embed(texts)
+    try:
+        got = minilm.score(q, r, c)
+    finally:
+        del minilm.embed
+    assert sorted(len(x) for x in calls) == [2, 5]  # two references, five distinct completions
+    alone = [minilm.score([a], [b], [d])[0] for a, b, d in zip(q, r, c)]
+    assert max(abs(x - y) for x, y in zip(got, alone)) < 1e-5
 
 
 def _sentence(context: str, start: int) -> tuple[str, int]:
