@@ -84,14 +84,19 @@ def append_event(run_dir: Path, event: str, **fields: Any) -> None:
         f.write(json.dumps({"event": event, **fields, "time": time.time()}) + "\n")
 
 
-def ray_address(address: str | None) -> tuple[str | None, str]:
-    """(address, where it came from). None: start an embedded Ray, whatever Ray's temp folder holds."""
+def ray_address(address: str | None, connect_timeout_s: float = 20.0) -> tuple[str | None, str]:
+    """(address, where it came from); None: start an embedded Ray, whatever Ray's temp folder holds.
+    Raises RayUnreachable when a given cluster does not answer within ``connect_timeout_s``."""
+    source = "embedded"
     if address:
-        return address, "--address"
-    if os.environ.get("RAY_ADDRESS"):
+        source = "--address"
+    elif os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]
         source = "the Ray job" if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") else "RAY_ADDRESS"
-        return os.environ["RAY_ADDRESS"], source
-    return None, "embedded"
+    if address and not _wait_for_gcs(address, connect_timeout_s):
+        raise RayUnreachable(f"Ray cluster at {address} (from {source}) does not answer after {connect_timeout_s:g} s; "
+                             "start it (ray start --head / ray up) or fix the address")
+    return address, source
 
 
 def _wait_for_gcs(address: str, timeout_s: float) -> bool:
@@ -127,10 +132,7 @@ def init_ray(address: str | None = None, log=print, connect_timeout_s: float = 2
 
     if ray.is_initialized():
         return
-    address, source = ray_address(address)
-    if address and not _wait_for_gcs(address, connect_timeout_s):
-        raise RayUnreachable(f"Ray cluster at {address} (from {source}) does not answer after {connect_timeout_s:g} s; "
-                             "start it (ray start --head / ray up) or fix the address")
+    address, source = ray_address(address, connect_timeout_s)
     ray.init(address=address or "local", log_to_driver=True, logging_level="WARNING")
     if log:
         where = f"{address} (from {source})" if address else "embedded local Ray"

@@ -90,7 +90,8 @@ def test_compare_two_runs_table_matches_metrics_files(tmp_path, capsys):
     assert table[("reward", "ours")][2].endswith("(24)")
 
     diffs = md.split("## Config differences")[1]
-    assert "`optimization.learning_rate` | `5e-05` | `2e-05`" in diffs.replace("5.0e-05", "5e-05")
+    ours_lr = load_config(None).optimization.learning_rate  # the tiny default's
+    assert f"`optimization.learning_rate` | `5e-05` | `{ours_lr}`" in diffs.replace("5.0e-05", "5e-05")
     assert "`generation.num_generations` | `4` | `8`" in diffs
     assert "output.run_name" not in diffs and "output.root" not in diffs
     assert "(2)" in diffs.splitlines()[0]

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pipeline.config import load_config
-from pipeline.train import RAY_TRAIN_DIR, RayUnreachable, ResumeConflict, init_ray, prepare_run_dir
+from pipeline.train import RAY_TRAIN_DIR, RayUnreachable, ResumeConflict, prepare_run_dir, ray_address
 from tests.conftest import REPO
 
 
@@ -95,11 +95,13 @@ def test_unreachable_cluster_fails_fast_naming_address_and_source(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
     t0 = time.monotonic()
     with pytest.raises(RayUnreachable) as e:
-        init_ray(None, log=None, connect_timeout_s=2)
+        ray_address(None, connect_timeout_s=2)
     assert time.monotonic() - t0 < 10
     assert "127.0.0.1:9" in str(e.value) and "RAY_ADDRESS" in str(e.value)
     with pytest.raises(RayUnreachable, match="--address"):
-        init_ray("127.0.0.1:9", log=None, connect_timeout_s=1)
+        ray_address("127.0.0.1:9", connect_timeout_s=1)
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert ray_address(None) == (None, "embedded")
 
 
 @pytest.mark.slow
