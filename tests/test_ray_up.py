@@ -210,6 +210,9 @@ class Node:
 def test_ray_up_job_prometheus_ray_down(tiny_policy, tmp_path):
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
         pytest.skip("needs root and util-linux's unshare/nsenter (namespaces for an isolated sshd node)")
+    probe = subprocess.run(["unshare", "--net", "--pid", "--mount", "--fork", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:  # a container without CAP_SYS_ADMIN
+        pytest.skip(f"this machine does not allow new namespaces: {probe.stderr.strip()[:200]}")
     r = subprocess.run([str(REPO / "scripts" / "setup.sh")], env={**os.environ, "CHECK": "1"},
                        capture_output=True, text=True)
     assert r.returncode == 0, f"{r.stdout}: run ./scripts/setup.sh test first (the node uses this .venv)"
