@@ -198,6 +198,11 @@ class OutputSection:
     run_name: str | None = None  # None: from the config file name; same name resumes
     save_steps: int = 50
     checkpoints_kept: int = 2
+    # Where checkpoints and the run's files are kept beyond this machine: s3://bucket/prefix,
+    # gs://..., abfs://... or a path on a shared disk; the run is <storage>/<run_name>/. None: only
+    # the local run directory. Credentials and an S3-compatible endpoint come from the AWS SDK's
+    # environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL), never from here.
+    storage: str | None = None
 
 
 @dataclass
@@ -388,6 +393,8 @@ def config_from_dict(data: dict[str, Any], problems: list[str] | None = None, ba
 
 # Fields a rerun may change and still resume: they change how the run is kept, logged, scheduled
 # or scored for evaluation, not what is trained (more max_steps extends the run).
+STORAGE_SCHEMES = ("s3", "gs", "abfs", "abfss", "hdfs", "file")
+
 RESUME_SAFE_FIELDS = (
     "optimization.max_steps",
     "logging.",
@@ -602,6 +609,10 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
         p.append(f"output.checkpoints_kept: {cfg.output.checkpoints_kept} must be >= 1")
     if cfg.output.save_steps < 1:
         p.append(f"output.save_steps: {cfg.output.save_steps} must be >= 1")
+    st = cfg.output.storage
+    if st is not None and (not st.strip() or ("://" in st and st.split("://", 1)[0] not in STORAGE_SCHEMES)):
+        p.append(f"output.storage: {st!r} must be a path or a URI with one of the schemes "
+                 f"{', '.join(s + '://' for s in STORAGE_SCHEMES)}")
     if cfg.eval.every_steps < 1 or cfg.eval.num_prompts < 0:
         p.append("eval.every_steps must be >= 1 and eval.num_prompts >= 0")
     return p

@@ -240,6 +240,15 @@ def train_loop_per_worker(config: dict) -> None:
         ray.train.report({FATAL_KEY: f"{type(e).__name__}: {e}"})
         return
     run_dir = Path(config["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)  # a node's own disk may not have it yet
+    store = config.get("store")  # pipeline.storage.RunStorage with output.storage, else None
+    if store is not None and ray.train.get_checkpoint() is not None:
+        from pipeline.storage import WORKER_FILES
+
+        if ray.train.get_context().get_local_rank() == 0:  # one copy per node; this node may never have seen the run
+            store.pull(run_dir, WORKER_FILES)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
     pool = config["pool"]
     torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
     length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=log)
@@ -250,10 +259,17 @@ def train_loop_per_worker(config: dict) -> None:
     samples = SamplesWriter(run_dir, cfg.logging.samples_every, cfg.logging.num_samples)
     evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=ray.train.report)
     health = HealthCallback(config=cfg, print_fn=log or (lambda _msg: None))
-    callbacks = [length_ctl, samples, health, metrics, RayTrainReporter(), evaluator]
+    reporter = RayTrainReporter()
+    callbacks = [length_ctl, samples, health, metrics, reporter, evaluator]
+    sync = None
+    if is_rank0 and store is not None:  # the run's files follow it to storage, uploaded in a thread
+        from pipeline.storage import RunFileSync, sync_callback
+
+        sync = RunFileSync(store, run_dir)
+        callbacks.append(sync_callback(sync))
     trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0)
     length_ctl.bind(trainer)
-    samples.trainer = evaluator.trainer = trainer
+    samples.trainer = evaluator.trainer = reporter.trainer = trainer
     if self_judge is not None:
         self_judge.trainer = trainer
 
@@ -282,6 +298,8 @@ def train_loop_per_worker(config: dict) -> None:
         (run_dir / "adapter" / "training_args.bin").unlink(missing_ok=True)  # a pickle nothing needs to load
         (run_dir / "length_changes.json").write_text(json.dumps(length_ctl.changes))
         health.write(run_dir / "health.json")
+    if sync is not None:
+        sync.close()  # everything, the adapter included, is in storage before the run reports done
     final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}
     ray.train.report({**final, **evaluator.last, "done": 1, "step": trainer.state.global_step})
 

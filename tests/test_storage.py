@@ -1,0 +1,159 @@
+"""Runs kept in cloud storage: a real S3 API on 127.0.0.1 (moto's server), real Ray Train workers.
+
+The bucket holds every rank's ZeRO shards of each checkpoint and the run's files; with every local
+run directory deleted, the same command resumes from the bucket; a bad storage URI exits 2 before Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BUCKET = "synth-runs"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server in its own process; the AWS SDK's environment points this process at it.
+
+    Yields the endpoint URL; the bucket ``synth-runs`` exists. Workers get the filesystem pickled
+    from the driver (as Ray Train ships storage_filesystem), so they need no environment of their own.
+    """
+    pytest.importorskip("moto.server", reason="moto[server] is in the test extra")
+    import pyarrow.fs as pafs
+
+    port = _free_port()
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"moto-{port}.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_ENDPOINT_URL": endpoint,
+           "AWS_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"moto server did not start (see {log.name})")
+                time.sleep(0.3)
+        fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}",
+                               scheme="http", region="us-east-1")
+        fs.create_dir(BUCKET)
+        yield endpoint
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+    return proc, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------- bad input: before Ray, exit 2
+
+
+def test_unwritable_storage_exits_2_before_ray(s3_server, tmp_path):
+    proc, seconds = run_cli("train", "--set", "output.storage=s3://no-such-bucket/runs", "--set",
+                            f"output.root={tmp_path}", "--set", "output.run_name=bad-bucket")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "output.storage" in proc.stderr and "no-such-bucket" in proc.stderr, proc.stderr
+    assert "NoSuchBucket" in proc.stderr or "does not exist" in proc.stderr.lower(), proc.stderr
+    assert "Traceback" not in proc.stderr and "[ray]" not in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_unreachable_storage_exits_2_before_ray(tmp_path):
+    port = _free_port()  # nothing listens there
+    env = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    proc, seconds = run_cli("train", "--set", f"output.storage=s3://{BUCKET}/runs", "--set",
+                            f"output.root={tmp_path}", "--set", "output.run_name=unreachable", env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "output.storage" in proc.stderr and f"127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "[ray]" not in proc.stdout
+    assert seconds < 60, seconds
+
+
+def test_storage_under_a_file_exits_2_and_a_bad_scheme_is_a_config_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    proc, _ = run_cli("train", "--set", f"output.storage={blocker}/runs", "--set", f"output.root={tmp_path}")
+    assert proc.returncode == 2 and "output.storage" in proc.stderr and str(blocker) in proc.stderr, proc.stderr
+    proc, _ = run_cli("train", "--set", "output.storage=ftp://host/runs")
+    assert proc.returncode == 2 and "output.storage: 'ftp://host/runs'" in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------- end to end on S3
+
+
+@pytest.mark.slow
+def test_zero2_checkpoints_in_s3_and_resume_with_empty_local_dirs(ray_local, s3_server, tmp_path, capsys):
+    from pipeline.doctor import doctor_cli
+    from pipeline.run_callbacks import read_metrics
+    from pipeline.storage import RunStorage
+    from tests.test_train_ray import run, small, train_rows
+
+    storage = f"s3://{BUCKET}/runs"
+    data = small(tmp_path, distributed={"num_workers": 2, "zero_stage": 2, "cpus_per_worker": 0.5},
+                 judge={"cpus_per_actor": 0.25}, optimization={"per_device_train_batch_size": 4, "max_steps": 2},
+                 output={"storage": storage, "save_steps": 2})
+    cfg, run_dir, _ = run(tmp_path, data, "s3run")
+    store = RunStorage(storage, "s3run")
+    files = store.list()
+    # One checkpoint holding both ranks' optimizer shards, the adapter and the trainer state.
+    shards = [f for f in files if f.startswith("ray_train/checkpoint-000002/global_step2/") and f.endswith("optim_states.pt")]
+    assert sorted(Path(f).name.split("_mp_")[0] for f in shards) == ["zero_pp_rank_0", "zero_pp_rank_1"], files
+    for name in ("trainer_state.json", "adapter_model.safetensors", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"):
+        assert f"ray_train/checkpoint-000002/{name}" in files, (name, files)
+    # The run's files, readable with no node alive.
+    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "health.json", "length_changes.json",
+                 "adapter/adapter_config.json", "adapter/adapter_model.safetensors"):
+        assert name in files, (name, files)
+    first = [r for r in read_metrics(run_dir / "metrics.jsonl")]
+    ckpt_rows = [r for r in first if "checkpoint/seconds" in r]
+    assert [r["step"] for r in ckpt_rows] == [2] and ckpt_rows[0]["checkpoint/seconds"] > 0
+
+    # A fresh cluster: no local run directory anywhere; the same config with more steps.
+    shutil.rmtree(run_dir)
+    data["optimization"]["max_steps"] = 4
+    cfg, run_dir, outcome = run(tmp_path, data, "s3run")
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps 1-2 from the bucket, 3-4 trained now, once each
+    assert rows[:2] == [r for r in first if "reward" in r]
+    events = read_metrics(run_dir / "events.jsonl")
+    assert [(e["event"], e.get("step")) for e in events] == [("resume", 2)]
+    remote = [r for r in (store.read_text("metrics.jsonl").splitlines()) if '"reward"' in r]
+    assert len(remote) == 4
+    assert "checkpoint-000004" in " ".join(store.list("ray_train"))
+    # The doctor reads the run straight from the bucket.
+    capsys.readouterr()
+    assert doctor_cli(type("A", (), {"run_dir": store.uri, "json": False})()) == 0
+    out = capsys.readouterr()
+    assert "metric lines, steps" in out.out and store.uri in out.err
