@@ -172,7 +172,9 @@ class GRPOSection:
 
 @dataclass
 class DistributedSection:
-    num_workers: int = 1
+    # A count, or [min, max]: an elastic group that trains on any count in between (Ray Train V2),
+    # with gradient accumulation adapted so the samples per optimizer step stay those of max.
+    num_workers: Union[int, list[int]] = 1
     use_gpu: bool = False
     gpus_per_worker: float = 1.0
     cpus_per_worker: float = 1.0
@@ -251,7 +253,8 @@ class RunConfig:
         """Completions per generation round across all workers (TRL's generation_batch_size)."""
         o = self.optimization
         spg = self.generation.steps_per_generation or o.gradient_accumulation_steps
-        return o.per_device_train_batch_size * self.distributed.num_workers * spg
+        n = self.distributed.num_workers
+        return o.per_device_train_batch_size * (max(n) if isinstance(n, list) and n else n) * spg
 
 
 # ---------------------------------------------------------------- building from dicts
@@ -561,8 +564,9 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
     # distributed
     if d.zero_stage not in (0, 1, 2, 3):
         p.append(f"distributed.zero_stage: {d.zero_stage} is not one of 0, 1, 2, 3")
-    if d.num_workers < 1:
-        p.append(f"distributed.num_workers: {d.num_workers} must be >= 1")
+    from pipeline.elastic import problems as worker_count_problems
+
+    p.extend(worker_count_problems(cfg))
     if d.offload_params and d.zero_stage != 3:
         p.append("distributed.offload_params: parameter offload needs zero_stage 3")
     if j.backend == "self" and d.zero_stage == 3:

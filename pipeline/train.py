@@ -152,6 +152,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
 
     from pipeline.reward_pool import training_worker_gpus
 
+    from pipeline.elastic import scaling_num_workers
     from pipeline.storage import run_store
 
     d = cfg.distributed
@@ -163,7 +164,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
         train_loop_per_worker,
         train_loop_config={"cfg": cfg.to_dict(), "run_dir": str(run_dir.resolve()), "pool": pool, "length_ceiling": length_ceiling,
                            "store": store},
-        scaling_config=ScalingConfig(num_workers=d.num_workers, use_gpu=d.use_gpu, resources_per_worker=resources),
+        scaling_config=ScalingConfig(num_workers=scaling_num_workers(cfg), use_gpu=d.use_gpu, resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if d.use_gpu else "gloo"),
         run_config=RayRunConfig(
             name=RAY_TRAIN_DIR,

@@ -218,6 +218,7 @@ def train_loop_per_worker(config: dict) -> None:
     import torch
 
     from pipeline.data import load_records
+    from pipeline.elastic import for_world_size, record_world_size, reset_optimizer_if_resized
     from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl
     from pipeline.reward_clients import make_pool_reward_funcs
@@ -227,7 +228,7 @@ def train_loop_per_worker(config: dict) -> None:
     is_rank0 = rank == 0
     log = print if is_rank0 else None
     try:
-        cfg = config_from_dict(config["cfg"])
+        cfg = for_world_size(config_from_dict(config["cfg"]), ray.train.get_context().get_world_size())
         on_gpu = cfg.distributed.use_gpu and torch.cuda.is_available()
         tokenizer = load_tokenizer(cfg)
         train_recs, eval_recs, _ = load_records(cfg.data, log=log, tokenizer=tokenizer)
@@ -279,15 +280,23 @@ def train_loop_per_worker(config: dict) -> None:
         resume_from = checkpoint.to_directory()  # a local copy every rank can read
         step = json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]
         _restore_length_state(run_dir, step, length_ctl, truncate=is_rank0)
+        world = ray.train.get_context().get_world_size()
+        saved_world = reset_optimizer_if_resized(Path(resume_from), world)
         if is_rank0:
             from pipeline.train import append_event
 
             log(f"[resume] from checkpoint at step {step}")
             append_event(run_dir, "resume", step=step)
+            if saved_world:
+                log(f"[elastic] optimizer state reset at step {step}: the checkpoint's ZeRO partitions are from "
+                    f"{saved_world} workers, this group has {world} (weights, schedule and step are kept)")
+                append_event(run_dir, "optimizer_reset", step=step, previous=saved_world, num_workers=world)
     elif is_rank0:
         # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
         for name in ("metrics.jsonl", "samples.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
+    if is_rank0:
+        record_world_size(run_dir, trainer.args, ray.train.get_context().get_world_size(), step, log)
     if step >= cfg.optimization.max_steps:
         trainer._load_from_checkpoint(resume_from)  # finished already: only the adapter is left to write
     else:
