@@ -10,6 +10,7 @@ where that does not divide for some count is refused in the config (exit 2), nev
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
@@ -130,18 +131,34 @@ def checkpoint_world_size(checkpoint_dir: Path) -> int | None:
     return len(ranks) or None
 
 
-def reset_optimizer_if_resized(checkpoint_dir: Path, world_size: int) -> int | None:
-    """Drop a ZeRO checkpoint's optimizer partitions when it was written by another number of ranks.
-
-    DeepSpeed would load rank k's partition into a differently sized one (its legacy loader pads
-    the saved fp32 weights: silently wrong weights). Without the partitions it restores the fp32
-    weights from the module weights (``_restore_from_bit16_weights``): the weights are exact, the
-    Adam moments start again. Returns the checkpoint's rank count when reset, else None.
-    """
+def resized(checkpoint_dir: Path, world_size: int) -> int | None:
+    """The checkpoint's ZeRO rank count when it differs from ``world_size`` (None: same, or no ZeRO)."""
     saved = checkpoint_world_size(checkpoint_dir)
-    if saved is None or saved == world_size:
-        return None
-    for p in Path(checkpoint_dir).glob("global_step*/*"):
-        if _OPTIM_SHARD.search(p.name):
-            p.unlink(missing_ok=True)  # ranks of one node share the downloaded copy
-    return saved
+    return saved if saved is not None and saved != world_size else None
+
+
+@contextlib.contextmanager
+def without_optimizer_state():
+    """HF's DeepSpeed resume, loading the weights but not the ZeRO optimizer partitions.
+
+    DeepSpeed refuses partitions written by another number of ranks ("Automatic adjustment of
+    ZeRO's optimizer state partitioning ... not currently supported"). Loaded with
+    ``load_optimizer_states=False`` it restores the module weights and rebuilds its fp32 copy from
+    them (``_restore_from_bit16_weights``): the weights are exact, the Adam moments start again.
+    HF still restores the LR schedule, the step and the RNG.
+    """
+    import transformers.trainer as hf_trainer
+
+    original = hf_trainer.deepspeed_load_checkpoint
+
+    def load(engine, checkpoint_path, load_module_strict=True):
+        load_path, _ = engine.load_checkpoint(checkpoint_path, load_module_strict=load_module_strict,
+                                              load_optimizer_states=False, load_lr_scheduler_states=True)
+        if load_path is None:
+            raise ValueError(f"[deepspeed] failed to resume from checkpoint {checkpoint_path}")
+
+    hf_trainer.deepspeed_load_checkpoint = load
+    try:
+        yield
+    finally:
+        hf_trainer.deepspeed_load_checkpoint = original

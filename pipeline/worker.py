@@ -218,7 +218,7 @@ def train_loop_per_worker(config: dict) -> None:
     import torch
 
     from pipeline.data import load_records
-    from pipeline.elastic import for_world_size, record_world_size, reset_optimizer_if_resized
+    from pipeline.elastic import for_world_size, record_world_size, resized, without_optimizer_state
     from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl
     from pipeline.reward_clients import make_pool_reward_funcs
@@ -274,14 +274,14 @@ def train_loop_per_worker(config: dict) -> None:
     if self_judge is not None:
         self_judge.trainer = trainer
 
-    resume_from, step = None, 0
+    resume_from, step, saved_world = None, 0, None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         resume_from = checkpoint.to_directory()  # a local copy every rank can read
         step = json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]
         _restore_length_state(run_dir, step, length_ctl, truncate=is_rank0)
         world = ray.train.get_context().get_world_size()
-        saved_world = reset_optimizer_if_resized(Path(resume_from), world)
+        saved_world = resized(Path(resume_from), world)
         if is_rank0:
             from pipeline.train import append_event
 
@@ -300,7 +300,10 @@ def train_loop_per_worker(config: dict) -> None:
     if step >= cfg.optimization.max_steps:
         trainer._load_from_checkpoint(resume_from)  # finished already: only the adapter is left to write
     else:
-        trainer.train(resume_from_checkpoint=resume_from)
+        import contextlib
+
+        with without_optimizer_state() if saved_world else contextlib.nullcontext():
+            trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_model(str(run_dir / "adapter"))
     if is_rank0:
         tokenizer.save_pretrained(str(run_dir / "adapter"))

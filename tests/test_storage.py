@@ -170,14 +170,15 @@ def test_elastic_range_keeps_samples_per_optimizer_step(tmp_path):
     from pipeline.worker import build_grpo_config
 
     cfg = load_config(None, ["distributed.num_workers=[1, 2]", "optimization.per_device_train_batch_size=4",
-                             "optimization.gradient_accumulation_steps=1", f"output.root={tmp_path}"])
+                             "optimization.gradient_accumulation_steps=1", "generation.num_generations=4",
+                             f"output.root={tmp_path}"])
     assert build_trainer(cfg, tmp_path / "run", pool=None).scaling_config.num_workers == (1, 2)
     per_step = {}
-    for world in (1, 2):
+    for world in (1, 2):  # this process is one rank: TRL's generation batch counts one process's share
         args = build_grpo_config(for_world_size(cfg, world), tmp_path, False, True, [1.0] * 4)
         per_step[world] = (args.per_device_train_batch_size * world * args.gradient_accumulation_steps,
-                           args.generation_batch_size * world if args.generation_batch_size else None)
-    assert per_step[1][0] == per_step[2][0] == samples_per_step(cfg) == 8
+                           args.generation_batch_size * world)
+    assert per_step[1] == per_step[2] == (8, 8) and samples_per_step(cfg) == 8
     fixed = load_config(None, ["distributed.num_workers=2"])
     assert build_trainer(fixed, tmp_path / "run2", pool=None).scaling_config.num_workers == 2
 
