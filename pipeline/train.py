@@ -228,6 +228,7 @@ def summarize(run_dir: Path) -> str:
 def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOutcome:
     """Train one run end to end on the current Ray (starts a pool when none is given)."""
     from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.storage import run_store
 
     own_pool = pool is None
     if own_pool:

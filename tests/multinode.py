@@ -24,7 +24,7 @@ def main(scenario: str, workdir: Path) -> None:
     from pipeline.config import config_from_dict
     from pipeline.reward_pool import start_pool, stop_pool
     from pipeline.storage import RunStorage
-    from pipeline.train import prepare_run_dir, registered_checkpoints, run_training  # noqa: F401
+    from pipeline.train import prepare_run_dir, run_training
     from tests.test_train_ray import small
 
     storage = sys.argv[3]

@@ -58,7 +58,7 @@ def s3_server():
                     raise RuntimeError(f"moto server did not start (see {log.name})")
                 time.sleep(0.3)
         fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}",
-                               scheme="http", region="us-east-1")
+                               scheme="http", region="us-east-1", allow_bucket_creation=True)
         fs.create_dir(BUCKET)
         yield endpoint
     finally:
