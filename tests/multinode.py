@@ -39,11 +39,11 @@ def main(scenario: str, workdir: Path) -> None:
     store = RunStorage(storage, cfg.output.run_name)
     log: list[str] = []
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster = _retry(lambda: Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}))
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
     pool = start_pool(cfg)  # only the head exists yet: the judge lands there
     judge_node = ray._private.state.actors(pool.judges[0]._actor_id.hex())["Address"]["NodeID"]
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    nodes = [_retry(lambda: cluster.add_node(num_cpus=1)) for _ in range(2)]
     cluster.wait_for_nodes()
     prepare_run_dir(cfg, run_dir, log=None)
     result: dict = {"scenario": scenario, "judge_node": judge_node, "head": cluster.head_node.node_id,
@@ -67,7 +67,7 @@ def main(scenario: str, workdir: Path) -> None:
             time.sleep(20)  # the group cannot restart with one node: it waits for capacity
             result["steps_while_waiting"] = max([r["step"] for r in _rows(run_dir) if "reward" in r], default=0)
             log.append(f"{time.time():.1f} adding a replacement node")
-            result["added"] = cluster.add_node(num_cpus=1).node_id
+            result["added"] = _retry(lambda: cluster.add_node(num_cpus=1)).node_id
 
     thread = threading.Thread(target=chaos, daemon=True)
     thread.start()
@@ -83,6 +83,17 @@ def main(scenario: str, workdir: Path) -> None:
     ray.shutdown()
     cluster.shutdown()
     (workdir / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def _retry(start, attempts: int = 3):
+    """Ray gives a starting node 30 s to register; on an overloaded machine a second try is normal."""
+    for i in range(attempts):
+        try:
+            return start()
+        except Exception:
+            if i == attempts - 1:
+                raise
+            time.sleep(5)
 
 
 def _rows(run_dir: Path) -> list[dict]:
