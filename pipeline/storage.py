@@ -132,11 +132,9 @@ class RunStorage:
         return done
 
     def pull(self, run_dir: Path, names=(), dirs=(), only_larger: bool = True) -> list[str]:
-        """Download the named files (and folders) that storage holds; with ``only_larger`` a file
+        """Download the named files (and the files of the named folders) that storage holds; with ``only_larger`` a file
         is taken only when the local copy is missing or smaller (the run's files only grow, except
         for the truncation on resume, which happens after this)."""
-        import pyarrow.fs as pafs
-
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         done = []
@@ -151,10 +149,11 @@ class RunStorage:
             os.replace(tmp, dst)  # readers on this node never see half a file
             done.append(name)
         for name in dirs:
-            if self.exists(name) and not (only_larger and (run_dir / name).exists()):
-                pafs.copy_files(f"{self.path}/{name}", str(run_dir / name), source_filesystem=self.fs,
-                                destination_filesystem=pafs.LocalFileSystem())
-                done.append(name + "/")
+            if not (only_larger and (run_dir / name).exists()):
+                files = self.list(name)
+                for rel in files:
+                    (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                done += self.pull(run_dir, files, only_larger=False)
         return done
 
     def download_run(self, dest: Path) -> Path:
