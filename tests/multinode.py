@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.multinode SCENARIO WORKDIR`` (by tests/test_storage.py, in its own process:
 one Python process can join only one Ray, and the suite's session Ray stays untouched). The head
-node (1 CPU) holds the judge; two 1-CPU nodes hold one training worker each. When checkpoint 2 is
+node (no CPU) holds the judge; two 1-CPU nodes hold one training worker each. When checkpoint 2 is
 in storage, the node of one worker is removed. ``elastic``: ``num_workers: [1, 2]``, the run goes
 on with one worker. ``fixed``: ``num_workers: 2``, the run waits, then a replacement node is added
 and it resumes from storage. Writes WORKDIR/result.json; the test asserts on it.
@@ -30,7 +30,7 @@ def main(scenario: str, workdir: Path) -> None:
     storage = sys.argv[3]
     data = small(workdir, distributed={"num_workers": [1, 2] if scenario == "elastic" else 2, "zero_stage": 2,
                                        "cpus_per_worker": 1, "max_failures": 3},
-                 judge={"cpus_per_actor": 1, "num_actors": 1, "max_restarts": 3},
+                 judge={"cpus_per_actor": 0, "num_actors": 1, "max_restarts": 3},
                  optimization={"per_device_train_batch_size": 4, "max_steps": 4},
                  eval={"num_prompts": 0}, output={"storage": storage, "save_steps": 2})
     cfg = config_from_dict(data)
@@ -39,7 +39,10 @@ def main(scenario: str, workdir: Path) -> None:
     store = RunStorage(storage, cfg.output.run_name)
     log: list[str] = []
 
-    cluster = _retry(lambda: Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}))
+    # The head has no CPU: Ray Train's elastic policy counts every node's total CPUs as worker slots
+    # (not what other actors hold), so a head CPU held by the judge would be counted as a free slot.
+    cluster = _retry(lambda: Cluster(initialize_head=True, shutdown_at_exit=True,
+                                     head_node_args={"num_cpus": 0, "include_dashboard": False}))
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
     pool = start_pool(cfg)  # only the head exists yet: the judge lands there
     judge_node = ray._private.state.actors(pool.judges[0]._actor_id.hex())["Address"]["NodeID"]
@@ -77,11 +80,12 @@ def main(scenario: str, workdir: Path) -> None:
         result["ok"] = True
     except Exception as e:  # the test shows it
         result["ok"], result["error"] = False, f"{type(e).__name__}: {e}"
-    result["seconds"] = time.time() - t0
-    result["log"] = log
-    stop_pool(pool)
-    ray.shutdown()
-    cluster.shutdown()
+    finally:
+        result["seconds"] = time.time() - t0
+        result["log"] = log
+        stop_pool(pool)
+        ray.shutdown()
+        cluster.shutdown()
     (workdir / "result.json").write_text(json.dumps(result, indent=1))
 
 
