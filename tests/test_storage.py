@@ -202,8 +202,16 @@ def test_elastic_range_keeps_samples_per_optimizer_step(tmp_path):
 
 
 def _scenario(tmp_path: Path, scenario: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.multinode", scenario, str(tmp_path), f"s3://{BUCKET}/nodes"],
-                          cwd=REPO, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    import tempfile
+
+    # Its own Ray temp root: the cluster's address file must not send another process's ray.init() to it.
+    ray_tmp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tests.multinode", scenario, str(tmp_path), f"s3://{BUCKET}/nodes"],
+                              cwd=REPO, capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "RAY_TMPDIR": ray_tmp})
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     result_path = tmp_path / "result.json"
     assert result_path.exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads(result_path.read_text())
