@@ -69,15 +69,24 @@ def main(scenario: str, workdir: Path) -> None:
         result["step_at_removal"] = max([r["step"] for r in _rows(run_dir) if "reward" in r], default=0)
         victim = nodes[1]
         log.append(f"{time.time():.1f} removing node {victim.node_id}")
-        cluster.remove_node(victim, allow_graceful=False)
         result["removed"] = victim.node_id
+        try:
+            cluster.remove_node(victim, allow_graceful=False)
+        except AssertionError as e:  # Ray's zombie check after the kill can trip on a loaded machine
+            log.append(f"remove_node: {e}")
         if scenario == "fixed":
             time.sleep(20)  # the group cannot restart with one node: it waits for capacity
             result["steps_while_waiting"] = max([r["step"] for r in _rows(run_dir) if "reward" in r], default=0)
             log.append(f"{time.time():.1f} adding a replacement node")
             result["added"] = _retry(lambda: cluster.add_node(num_cpus=1)).node_id
 
-    thread = threading.Thread(target=chaos, daemon=True)
+    def chaos_logged() -> None:
+        try:
+            chaos()
+        except Exception as e:
+            result["chaos_error"] = f"{type(e).__name__}: {e}"
+
+    thread = threading.Thread(target=chaos_logged, daemon=True)
     thread.start()
     t0 = time.time()
     try:
