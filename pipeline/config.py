@@ -189,7 +189,9 @@ class GRPOSection:
 
 @dataclass
 class DistributedSection:
-    num_workers: int = 1
+    # A count, or [min, max]: an elastic group that trains on any count in between (Ray Train V2),
+    # with gradient accumulation adapted so the samples per optimizer step stay those of max.
+    num_workers: Union[int, list[int]] = 1
     use_gpu: bool = False
     gpus_per_worker: float = 1.0
     cpus_per_worker: float = 1.0
@@ -218,6 +220,11 @@ class OutputSection:
     run_name: str | None = None  # None: from the config file name; same name resumes
     save_steps: int = 50
     checkpoints_kept: int = 2
+    # Where checkpoints and the run's files are kept beyond this machine: s3://bucket/prefix,
+    # gs://..., abfs://... or a path on a shared disk; the run is <storage>/<run_name>/. None: only
+    # the local run directory. Credentials and an S3-compatible endpoint come from the AWS SDK's
+    # environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL), never from here.
+    storage: str | None = None
 
 
 @dataclass
@@ -269,7 +276,8 @@ class RunConfig:
         """Completions per generation round across all workers (TRL's generation_batch_size)."""
         o = self.optimization
         spg = self.generation.steps_per_generation or o.gradient_accumulation_steps
-        return o.per_device_train_batch_size * self.distributed.num_workers * spg
+        n = self.distributed.num_workers
+        return o.per_device_train_batch_size * (max(n) if isinstance(n, list) and n else n) * spg
 
 
 # ---------------------------------------------------------------- building from dicts
@@ -411,6 +419,8 @@ def config_from_dict(data: dict[str, Any], problems: list[str] | None = None, ba
 
 # Fields a rerun may change and still resume: they change how the run is kept, logged, scheduled
 # or scored for evaluation, not what is trained (more max_steps extends the run).
+STORAGE_SCHEMES = ("s3", "gs", "abfs", "abfss", "hdfs", "file")
+
 RESUME_SAFE_FIELDS = (
     "optimization.max_steps",
     "logging.",
@@ -586,8 +596,9 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
     # distributed
     if d.zero_stage not in (0, 1, 2, 3):
         p.append(f"distributed.zero_stage: {d.zero_stage} is not one of 0, 1, 2, 3")
-    if d.num_workers < 1:
-        p.append(f"distributed.num_workers: {d.num_workers} must be >= 1")
+    from pipeline.elastic import problems as worker_count_problems
+
+    p.extend(worker_count_problems(cfg))
     if d.offload_params and d.zero_stage != 3:
         p.append("distributed.offload_params: parameter offload needs zero_stage 3")
     if j.backend == "self" and d.zero_stage == 3:
@@ -635,6 +646,10 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
         p.append(f"output.checkpoints_kept: {cfg.output.checkpoints_kept} must be >= 1")
     if cfg.output.save_steps < 1:
         p.append(f"output.save_steps: {cfg.output.save_steps} must be >= 1")
+    st = cfg.output.storage
+    if st is not None and (not st.strip() or ("://" in st and st.split("://", 1)[0] not in STORAGE_SCHEMES)):
+        p.append(f"output.storage: {st!r} must be a path or a URI with one of the schemes "
+                 f"{', '.join(s + '://' for s in STORAGE_SCHEMES)}")
     if cfg.eval.every_steps < 1 or cfg.eval.num_prompts < 0:
         p.append("eval.every_steps must be >= 1 and eval.num_prompts >= 0")
     if cfg.eval.samples_per_prompt < 1:

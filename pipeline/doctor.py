@@ -792,8 +792,14 @@ def doctor_cli(args) -> int:
     """`synth-grpo doctor RUN_DIR [--json]`: 0 when diagnosed (findings or not), 2 for bad input."""
     err = lambda msg: print(f"synth-grpo doctor: {msg}", file=sys.stderr)  # noqa: E731
     try:
-        run, findings, report, plots = doctor(args.run_dir)
-    except RunDirError as e:
+        from pipeline.storage import StorageError, is_uri, local_copy
+
+        run_dir = args.run_dir
+        if is_uri(run_dir):  # a run in output.storage: read it with no node alive
+            run_dir = local_copy(run_dir)
+            print(f"{args.run_dir}: copied to {run_dir}", file=sys.stderr)
+        run, findings, report, plots = doctor(run_dir)
+    except (RunDirError, StorageError) as e:
         err(str(e))
         return 2
     except OSError as e:  # could not write the report or plots

@@ -487,10 +487,12 @@ def _inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> _Inp
         judge_bytes = _MINILM_PARAMS * 4
     attn = cfg.model.attn_implementation or "sdpa"
     o = cfg.optimization
+    from pipeline.elastic import worker_range  # an elastic run plans for its fewest workers (largest ZeRO shards)
+
     return _Inputs(
         shape=resolve_shape(cfg.model.name_or_path, cfg.model.revision),
         judge=(judge_bytes, jshape), judge_batch=(j.max_batch_size, j.max_input_tokens),
-        num_gpus=num_gpus or cfg.distributed.num_workers, zero_stage=cfg.distributed.zero_stage,
+        num_gpus=num_gpus or worker_range(cfg)[0], zero_stage=cfg.distributed.zero_stage,
         offload_optimizer=cfg.distributed.offload_optimizer, offload_params=cfg.distributed.offload_params,
         wbytes=4 if prec == "fp32" else 2,  # auto = bf16 on a GPU
         lora=cfg.lora.enabled, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout,

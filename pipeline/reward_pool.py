@@ -213,7 +213,10 @@ def judge_actor_options(cfg: RunConfig) -> dict[str, float]:
     """
     j = cfg.judge
     gpus = j.gpus_per_actor if j.placement in ("own_gpu", "same_gpu") and j.backend != "self" else 0.0
-    return {"num_cpus": j.cpus_per_actor, "num_gpus": gpus, "max_restarts": j.max_restarts, "max_task_retries": 0}
+    # SPREAD: judges go to different nodes where there are several, so one lost node costs at most
+    # one judge; a judge whose node died is restarted by Ray (max_restarts) wherever its resources are.
+    return {"num_cpus": j.cpus_per_actor, "num_gpus": gpus, "max_restarts": j.max_restarts, "max_task_retries": 0,
+            "scheduling_strategy": "SPREAD"}
 
 
 def training_worker_gpus(cfg: RunConfig) -> float:

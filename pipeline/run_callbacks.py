@@ -340,28 +340,49 @@ class Evaluator(TrainerCallback):
 class RayTrainReporter(TrainerCallback):
     """Hands each HF checkpoint to Ray Train (kept K, restored on worker restart or re-run).
 
+    Every rank reports its own part (``storage.rank_part``: rank 0 the shared files, each rank its
+    ZeRO shards), uploaded in the background; Ray Train merges the parts into one checkpoint, so no
+    disk needs to be shared between nodes. ``checkpoint/seconds`` is how long training waited.
     Not Ray's public ``ray.train.huggingface.transformers.RayTrainReportCallback``, because it
-    (1) reports from every rank a full copy of the same shared HF checkpoint folder (N uploads of the
-    same files; here rank 0 uploads the folder that already holds every rank's shards);
-    (2) nests the folder under ``checkpoint/`` with Ray's own directory names, while resume (the
-    worker reads ``trainer_state.json`` at the top) and ``train.registered_checkpoints`` use
-    ``checkpoint-<step>``; and (3) reports the merged log history, so an old ``eval/score`` would ride
-    along with every checkpoint into Tune's scheduler, without the ``step`` ASHA counts by.
+    reports from every rank a full copy of the same checkpoint folder, nests it under ``checkpoint/``
+    with Ray's own directory names (resume reads ``trainer_state.json`` at the top and
+    ``train.registered_checkpoints`` uses ``checkpoint-<step>``), and reports the merged log history,
+    so an old ``eval/score`` would ride along with every checkpoint into Tune's scheduler.
     """
 
     def __init__(self):
         self.latest: dict[str, Any] = {}
+        self.trainer = None
+        self._save_start: float | None = None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs:  # the Evaluator reports eval/* itself, at its own step; keep them off checkpoint reports
             self.latest.update({k: v for k, v in _jsonable(logs).items() if not k.startswith("eval/")})
 
-    def on_save(self, args, state, control, **kwargs):
-        import ray.train
+    def on_step_end(self, args, state, control, **kwargs):
+        import time
 
-        # Rank 0 uploads: the HF checkpoint folder already holds every rank's shards on the
-        # run's storage (multi-node runs put output.root on shared storage, as Ray Train requires).
+        self._save_start = time.perf_counter() if control.should_save else None
+
+    def on_save(self, args, state, control, **kwargs):
+        import time
+
+        import ray.train
+        from ray.train import CheckpointUploadMode
+
+        from pipeline.storage import rank_part
+
+        t0 = self._save_start or time.perf_counter()
+        rank = ray.train.get_context().get_world_rank()
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        part = rank_part(ckpt, rank, Path(args.output_dir) / f".ray-part-{state.global_step}-rank{rank}")
         metrics = {**{k: v for k, v in self.latest.items() if v is not None}, "step": state.global_step}
-        checkpoint = ray.train.Checkpoint.from_directory(str(ckpt)) if state.is_world_process_zero else None
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=f"checkpoint-{state.global_step:06d}")
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(part)),
+                         checkpoint_dir_name=f"checkpoint-{state.global_step:06d}",
+                         checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
+        seconds = time.perf_counter() - t0  # HF's save + this rank's part + handing it to the upload thread
+        tr = self.trainer
+        if tr is not None and state.is_world_process_zero:  # a row of its own, like the evaluator's
+            should_log = tr.control.should_log
+            tr.callback_handler.on_log(tr.args, state, tr.control, logs={"checkpoint/seconds": round(seconds, 3)})
+            tr.control.should_log = should_log

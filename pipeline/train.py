@@ -57,8 +57,13 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     """
     from pipeline.config import resume_changes
 
+    from pipeline.storage import DRIVER_FILES, WORKER_FILES, run_store
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    resumed = (run_dir / RAY_TRAIN_DIR).exists()
+    store = run_store(cfg, run_dir)
+    if store is not None:  # the run may live only in storage (a fresh cluster): its config and files first
+        store.pull(run_dir, sorted({*DRIVER_FILES, *WORKER_FILES}))
+    resumed = store.has_checkpoints() if store is not None else (run_dir / RAY_TRAIN_DIR).exists()
     path = run_dir / "config.yaml"
     text = cfg.to_yaml()
     if path.exists() and path.read_text(encoding="utf-8") != text:
@@ -75,6 +80,8 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
         if log:
             log(f"[run] {path} differs from this run's config; the earlier one is kept as {kept.name}")
     path.write_text(text, encoding="utf-8")
+    if store is not None:
+        store.push(run_dir, DRIVER_FILES + tuple(p.name for p in run_dir.glob("config.*.yaml")))
     return resumed
 
 
@@ -148,18 +155,24 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
 
     from pipeline.reward_pool import training_worker_gpus
 
+    from pipeline.elastic import scaling_num_workers
+    from pipeline.storage import run_store
+
     d = cfg.distributed
+    store = run_store(cfg, run_dir)
     resources = {"CPU": d.cpus_per_worker}
     if d.use_gpu:
         resources["GPU"] = training_worker_gpus(cfg)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"cfg": cfg.to_dict(), "run_dir": str(run_dir.resolve()), "pool": pool, "length_ceiling": length_ceiling},
-        scaling_config=ScalingConfig(num_workers=d.num_workers, use_gpu=d.use_gpu, resources_per_worker=resources),
+        train_loop_config={"cfg": cfg.to_dict(), "run_dir": str(run_dir.resolve()), "pool": pool, "length_ceiling": length_ceiling,
+                           "store": store},
+        scaling_config=ScalingConfig(num_workers=scaling_num_workers(cfg), use_gpu=d.use_gpu, resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if d.use_gpu else "gloo"),
         run_config=RayRunConfig(
             name=RAY_TRAIN_DIR,
-            storage_path=str(run_dir.resolve()),
+            storage_path=store.path if store else str(run_dir.resolve()),
+            storage_filesystem=store.fs if store else None,
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.output.checkpoints_kept),
             failure_config=FailureConfig(max_failures=d.max_failures),
             callbacks=list(extra_callbacks),
@@ -219,6 +232,7 @@ def summarize(run_dir: Path) -> str:
 def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOutcome:
     """Train one run end to end on the current Ray (starts a pool when none is given)."""
     from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.storage import run_store
 
     own_pool = pool is None
     if own_pool:
@@ -233,6 +247,9 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
             stop_pool(pool)
     if fatal.is_file():
         raise FatalRunError(fatal.read_text(encoding="utf-8").strip())
+    store = run_store(cfg, run_dir)
+    if store is not None:  # rank 0 may have run on another node: read the run as storage holds it
+        store.download_run(run_dir)
     summary = summarize(run_dir)
     return TrainOutcome(run_dir, dict(result.metrics or {}), summary)
 
@@ -240,6 +257,7 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
 def train_cli(cfg: RunConfig, args) -> int:
     from pipeline.data import DataError, check_source
     from pipeline.reward_pool import RewardPoolError
+    from pipeline.storage import StorageError, check_writable, run_store
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     if not run_dir.is_absolute() and os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
@@ -259,8 +277,10 @@ def train_cli(cfg: RunConfig, args) -> int:
     # Everything a retry cannot fix is found here, before Ray or any model starts (exit 2).
     try:
         check_source(cfg.data)
+        if cfg.output.storage:
+            check_writable(cfg.output.storage, run_dir.name)
         resumed = prepare_run_dir(cfg, run_dir, allow_config_change=getattr(args, "allow_config_change", False))
-    except (DataError, ResumeConflict) as e:
+    except (DataError, ResumeConflict, StorageError) as e:
         print(f"synth-grpo train: {e}", file=sys.stderr)
         return 2
     except OSError as e:
@@ -297,4 +317,8 @@ def train_cli(cfg: RunConfig, args) -> int:
         return 1
     print("\n=== synth-grpo summary ===\n" + outcome.summary)
     (run_dir / "summary.txt").write_text(outcome.summary + "\n", encoding="utf-8")
+    store = run_store(cfg, run_dir)
+    if store is not None:
+        store.push(run_dir, ["summary.txt"])
+        print(f"[storage] the run is in {store.uri}")
     return 0

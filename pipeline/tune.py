@@ -110,10 +110,13 @@ def max_concurrent_trials(cfg: RunConfig, resources: dict[str, float]) -> int:
 
     d, j = cfg.distributed, cfg.judge
     judge = judge_actor_options(cfg)
-    per_trial_cpu = TRIAL_DRIVER_CPUS + d.num_workers * d.cpus_per_worker
+    from pipeline.elastic import worker_range
+
+    workers = worker_range(cfg)[1]
+    per_trial_cpu = TRIAL_DRIVER_CPUS + workers * d.cpus_per_worker
     fits = [(resources.get("CPU", 0.0) - j.num_actors * judge["num_cpus"]) / per_trial_cpu]
     if d.use_gpu:
-        fits.append((resources.get("GPU", 0.0) - j.num_actors * judge["num_gpus"]) / (d.num_workers * training_worker_gpus(cfg)))
+        fits.append((resources.get("GPU", 0.0) - j.num_actors * judge["num_gpus"]) / (workers * training_worker_gpus(cfg)))
     return max(1, math.floor(min(fits) + 1e-9))
 
 

@@ -223,6 +223,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     from pipeline.console import RunEvents, quiet_worker
     from pipeline.data import load_records
+    from pipeline.elastic import for_world_size, record_world_size, resized, without_optimizer_state
     from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl
     from pipeline.reward_clients import make_pool_reward_funcs
@@ -232,7 +233,7 @@ def train_loop_per_worker(config: dict) -> None:
     is_rank0 = rank == 0
     log = print if is_rank0 else None
     try:
-        cfg = config_from_dict(config["cfg"])
+        cfg = for_world_size(config_from_dict(config["cfg"]), ray.train.get_context().get_world_size())
         on_gpu = cfg.distributed.use_gpu and torch.cuda.is_available()
         tokenizer = load_tokenizer(cfg)
         train_recs, eval_recs, _ = load_records(cfg.data, log=log, tokenizer=tokenizer)
@@ -246,6 +247,15 @@ def train_loop_per_worker(config: dict) -> None:
             (Path(config["run_dir"]) / FATAL_FILE).write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
         return
     run_dir = Path(config["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)  # a node's own disk may not have it yet
+    store = config.get("store")  # pipeline.storage.RunStorage with output.storage, else None
+    if store is not None and ray.train.get_checkpoint() is not None:
+        from pipeline.storage import WORKER_FILES
+
+        if ray.train.get_context().get_local_rank() == 0:  # one copy per node; this node may never have seen the run
+            store.pull(run_dir, WORKER_FILES)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
     pool = config["pool"]
     torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
     say = log if cfg.logging.console == "verbose" else None  # otherwise the driver's console shows events.jsonl
@@ -259,36 +269,54 @@ def train_loop_per_worker(config: dict) -> None:
     health = HealthCallback(config=cfg, print_fn=say or (lambda _msg: None))
     evaluator.samples_path = run_dir / "eval_samples.jsonl" if is_rank0 else None
     events = RunEvents(run_dir, length_ctl, health)
-    callbacks = [length_ctl, samples, health, events, metrics, RayTrainReporter(), evaluator]
+    reporter = RayTrainReporter()
+    callbacks = [length_ctl, samples, health, events, metrics, reporter, evaluator]
+    sync = None
+    if is_rank0 and store is not None:  # the run's files follow it to storage, uploaded in a thread
+        from pipeline.storage import RunFileSync, sync_callback
+
+        sync = RunFileSync(store, run_dir)
+        callbacks.append(sync_callback(sync))
     trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0)
     quiet_worker(trainer, cfg.logging.console)
     length_ctl.bind(trainer)
-    samples.trainer = evaluator.trainer = trainer
+    samples.trainer = evaluator.trainer = reporter.trainer = trainer
     if self_judge is not None:
         self_judge.trainer = trainer
 
-    resume_from, step = None, 0
+    resume_from, step, saved_world = None, 0, None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         resume_from = checkpoint.to_directory()  # a local copy every rank can read
         step = json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]
         _restore_length_state(run_dir, step, length_ctl, truncate=is_rank0)
+        world = ray.train.get_context().get_world_size()
+        saved_world = resized(Path(resume_from), world)
         if is_rank0:
             from pipeline.train import append_event
 
             if say:
                 say(f"[resume] from checkpoint at step {step}")
             append_event(run_dir, "resume", step=step)
+            if saved_world:
+                log(f"[elastic] optimizer state reset at step {step}: the checkpoint's ZeRO partitions are from "
+                    f"{saved_world} workers, this group has {world} (weights, schedule and step are kept)")
+                append_event(run_dir, "optimizer_reset", step=step, previous=saved_world, num_workers=world)
     elif is_rank0:
         # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
         for name in ("metrics.jsonl", "samples.jsonl", "eval_samples.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
+    if is_rank0:
+        record_world_size(run_dir, trainer.args, ray.train.get_context().get_world_size(), step, log)
     finished = step >= cfg.optimization.max_steps
     if finished:  # finished already: only the adapter is left to write
         if is_rank0:
             export_trained_weights(Path(resume_from), run_dir / "adapter")
     else:
-        trainer.train(resume_from_checkpoint=resume_from)
+        import contextlib
+
+        with without_optimizer_state() if saved_world else contextlib.nullcontext():
+            trainer.train(resume_from_checkpoint=resume_from)
         trainer.save_model(str(run_dir / "adapter"))
     if is_rank0:
         tokenizer.save_pretrained(str(run_dir / "adapter"))
@@ -296,6 +324,8 @@ def train_loop_per_worker(config: dict) -> None:
         if not finished:  # a rerun of a finished run saw no step: keep what the run wrote
             (run_dir / "length_changes.json").write_text(json.dumps(length_ctl.changes))
             health.write(run_dir / "health.json")
+    if sync is not None:
+        sync.close()  # everything, the adapter included, is in storage before the run reports done
     final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}
     ray.train.report({**final, **evaluator.last, "done": 1, "step": max(trainer.state.global_step, step)})
 

@@ -1,0 +1,296 @@
+"""Run storage beyond one machine: ``output.storage`` (s3://, gs://, abfs:// or a path).
+
+Ray Train persists checkpoints there (``RunConfig(storage_path, storage_filesystem)``); this module
+adds what Ray does not: a pyarrow filesystem built the AWS SDK's way (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, never from the config), a write check before any
+model loads, each rank's own part of a checkpoint, and the run's files (metrics, samples, adapter,
+...) copied up in a background thread so a run can be read, resumed and diagnosed with no node alive.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import uuid
+from pathlib import Path
+
+# The run's own files, by who writes them. The driver writes the config and its events before
+# the workers start and the summary after; rank 0 writes the rest while training.
+DRIVER_FILES = ("config.yaml", "events.jsonl")
+WORKER_FILES = ("metrics.jsonl", "samples.jsonl", "health.json", "events.jsonl", "length_changes.json")
+WORKER_DIRS = ("adapter",)
+RAY_TRAIN_DIR = "ray_train"  # = pipeline.train.RAY_TRAIN_DIR (kept here so workers need not import train)
+
+
+class StorageError(ValueError):
+    """output.storage cannot be reached or written."""
+
+
+def is_uri(location: str | None) -> bool:
+    return bool(location) and "://" in str(location) and not str(location).startswith("file://")
+
+
+def filesystem(location: str):
+    """(pyarrow filesystem, path inside it) for a URI or a local path.
+
+    S3 reads the AWS SDK's environment; an ``AWS_ENDPOINT_URL`` (MinIO, Ceph, moto) may be http://.
+    """
+    import pyarrow.fs as pafs
+
+    location = str(location)
+    if location.startswith("file://"):
+        location = location[len("file://"):]
+    if not is_uri(location):
+        return pafs.LocalFileSystem(), str(Path(location).expanduser().resolve())
+    scheme, rest = location.split("://", 1)
+    if scheme == "s3":
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        kwargs = dict(
+            access_key=os.environ.get("AWS_ACCESS_KEY_ID"), secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            session_token=os.environ.get("AWS_SESSION_TOKEN"),
+            region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            connect_timeout=5, request_timeout=30,
+            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3),
+        )
+        if not kwargs["access_key"]:
+            kwargs.pop("access_key"), kwargs.pop("secret_key"), kwargs.pop("session_token")
+        elif not kwargs["session_token"]:
+            kwargs.pop("session_token")
+        if endpoint:
+            scheme_, _, host = endpoint.partition("://")
+            kwargs.update(endpoint_override=host or scheme_, scheme=scheme_ if host else "https")
+        return pafs.S3FileSystem(**kwargs), rest.strip("/")
+    fs, path = pafs.FileSystem.from_uri(location)
+    return fs, path.rstrip("/")
+
+
+class RunStorage:
+    """One run's folder in storage: ``<output.storage>/<run_name>/`` (Ray Train's checkpoints under ``ray_train/``).
+
+    Built on the driver from its environment and pickled to the workers with its filesystem, as
+    Ray Train ships ``storage_filesystem``: workers need no credentials of their own.
+    """
+
+    def __init__(self, location: str, run_name: str):
+        self.location = str(location).rstrip("/")
+        self.fs, base = filesystem(self.location)
+        self.path = f"{base}/{run_name}"
+        self.uri = f"{self.location}/{run_name}"
+
+    # -------------------------------------------------------------- queries
+    def _info(self, rel: str):
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(f"{self.path}/{rel}" if rel else self.path), pafs.FileType
+
+    def exists(self, rel: str) -> bool:
+        info, ft = self._info(rel)
+        return info.type != ft.NotFound
+
+    def size(self, rel: str) -> int:
+        info, ft = self._info(rel)
+        return info.size if info.type == ft.File else -1
+
+    def has_checkpoints(self) -> bool:
+        """Whether Ray Train registered a checkpoint of this run (what a rerun resumes from)."""
+        return self.exists(f"{RAY_TRAIN_DIR}/checkpoint_manager_snapshot.json")
+
+    def read_text(self, rel: str) -> str:
+        with self.fs.open_input_stream(f"{self.path}/{rel}") as f:
+            return f.read().decode("utf-8")
+
+    def list(self, rel: str = "") -> list[str]:
+        """Every file below ``rel``, relative to the run's folder."""
+        import pyarrow.fs as pafs
+
+        if not self.exists(rel):
+            return []
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/{rel}".rstrip("/"), recursive=True))
+        return sorted(i.path[len(self.path) + 1:] for i in infos if i.type == pafs.FileType.File)
+
+    # -------------------------------------------------------------- copies
+    def push(self, run_dir: Path, names=(), dirs=()) -> list[str]:
+        """Upload the named files and folders of ``run_dir`` that exist; what was uploaded."""
+        import pyarrow.fs as pafs
+
+        done = []
+        for name in names:
+            src = Path(run_dir) / name
+            if src.is_file():
+                data = src.read_bytes()
+                with self.fs.open_output_stream(f"{self.path}/{name}") as f:
+                    f.write(data)
+                done.append(name)
+        for name in dirs:
+            src = Path(run_dir) / name
+            if src.is_dir():
+                pafs.copy_files(str(src), f"{self.path}/{name}", source_filesystem=pafs.LocalFileSystem(),
+                                destination_filesystem=self.fs)
+                done.append(name + "/")
+        return done
+
+    def pull(self, run_dir: Path, names=(), dirs=(), only_larger: bool = True) -> list[str]:
+        """Download the named files (and the files of the named folders) that storage holds; with ``only_larger`` a file
+        is taken only when the local copy is missing or smaller (the run's files only grow, except
+        for the truncation on resume, which happens after this)."""
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        done = []
+        for name in names:
+            size = self.size(name)
+            dst = run_dir / name
+            if size < 0 or (only_larger and dst.is_file() and dst.stat().st_size >= size):
+                continue
+            with self.fs.open_input_stream(f"{self.path}/{name}") as f:
+                tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:6]}")
+                tmp.write_bytes(f.read())
+            os.replace(tmp, dst)  # readers on this node never see half a file
+            done.append(name)
+        for name in dirs:
+            if not (only_larger and (run_dir / name).exists()):
+                files = self.list(name)
+                for rel in files:
+                    (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                done += self.pull(run_dir, files, only_larger=False)
+        return done
+
+    def download_run(self, dest: Path) -> Path:
+        """Every run file (not the checkpoints) into ``dest``: the run as a local folder, e.g. for the doctor."""
+        names = sorted({*DRIVER_FILES, *WORKER_FILES, "summary.txt"}
+                       | {n for n in self.list() if "/" not in n and n.startswith("config.")})
+        self.pull(dest, names, WORKER_DIRS, only_larger=False)
+        return dest
+
+
+def check_writable(location: str, run_name: str) -> None:
+    """Write, read back and delete a probe file in the run's storage folder; StorageError names why."""
+    try:
+        store = RunStorage(location, run_name)
+        probe = f".synth-grpo-probe-{uuid.uuid4().hex[:8]}"
+        with store.fs.open_output_stream(f"{store.path}/{probe}") as f:
+            f.write(b"ok")
+        if store.read_text(probe) != "ok":
+            raise OSError("a file written there reads back different")
+        store.fs.delete_file(f"{store.path}/{probe}")
+    except StorageError:
+        raise
+    except Exception as e:  # pyarrow raises OSError subclasses, ValueError for bad URIs, ArrowException...
+        msg = " ".join(str(e).split())
+        raise StorageError(f"output.storage: {location!r} cannot be written ({type(e).__name__}: {msg[:400]}); "
+                           "check the bucket or path, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and AWS_ENDPOINT_URL") from e
+
+
+# ------------------------------------------------------------------ checkpoints: each rank its own part
+
+# Files DeepSpeed and the HF Trainer write per rank: ZeRO partitions and the RNG state of each process.
+_RANK_FILE = re.compile(r"(?:zero_pp_rank_|rng_state_)(\d+)[_.]")
+
+
+def rank_part(checkpoint_dir: Path, rank: int, dest: Path) -> Path:
+    """Hard links (copies across filesystems) of the files ``rank`` owns in an HF checkpoint folder.
+
+    Rank 0 owns the shared files (trainer state, adapter, scheduler) and its own shards; rank k only
+    its ZeRO partitions and RNG state. Reported by every rank to ``ray.train.report``, Ray Train merges
+    the parts into one checkpoint, so a node's local disk need not be shared with any other.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    for src in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file()):
+        m = _RANK_FILE.search(src.name)
+        owner = int(m.group(1)) if m else 0
+        if owner != rank:
+            continue
+        dst = dest / src.relative_to(checkpoint_dir)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest
+
+
+# ------------------------------------------------------------------ the run's files, synced in the background
+
+
+class RunFileSync:
+    """Rank 0 copies the run's files to storage in a thread: ``request()`` after a write, ``close()`` at the end.
+
+    Uploads never block a training step; a failed upload is retried at the next request and the
+    last error is kept (``close`` raises it, so a run never ends with storage silently behind).
+    """
+
+    def __init__(self, store: RunStorage, run_dir: Path, interval_s: float = 2.0):
+        self.store, self.run_dir, self.interval_s = store, Path(run_dir), interval_s
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._dirs_due = False
+        self.error: Exception | None = None
+        self.uploads = 0
+        self._thread = threading.Thread(target=self._loop, name="synth-grpo-storage-sync", daemon=True)
+        self._thread.start()
+
+    def request(self, dirs: bool = False) -> None:
+        self._dirs_due |= dirs
+        self._wake.set()
+
+    def _sync_once(self) -> None:
+        dirs, self._dirs_due = self._dirs_due, False
+        try:
+            self.store.push(self.run_dir, WORKER_FILES, WORKER_DIRS if dirs else ())
+            self.uploads += 1
+            self.error = None
+        except Exception as e:  # keep training; try again at the next request
+            self.error = e
+            self._dirs_due |= dirs
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self._wake.wait(timeout=60):
+                self._wake.clear()
+                self._sync_once()
+                self._stop.wait(self.interval_s)  # at most one upload per interval
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=120)
+        self._dirs_due = True
+        self._sync_once()
+        if self.error is not None:
+            raise OSError(f"output.storage: could not copy the run's files to {self.store.uri}: {self.error}")
+
+
+
+def run_store(cfg, run_dir: Path) -> RunStorage | None:
+    """The run's storage folder (named like its local run directory), or None without ``output.storage``."""
+    return RunStorage(cfg.output.storage, Path(run_dir).name) if cfg.output.storage else None
+
+
+def sync_callback(sync: RunFileSync):
+    """A TrainerCallback that asks ``sync`` for an upload after each log and each checkpoint."""
+    from transformers import TrainerCallback
+
+    class StorageSync(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            sync.request()
+
+        def on_save(self, args, state, control, **kwargs):
+            sync.request()
+
+    return StorageSync()
+
+
+def local_copy(uri: str, cache: Path | None = None) -> Path:
+    """A run in storage (``<output.storage>/<run_name>``) downloaded to a local folder, for reading."""
+    location, _, name = str(uri).rstrip("/").rpartition("/")
+    base = cache or Path(os.environ.get("SYNTH_GRPO_CACHE", Path.home() / ".cache" / "synth-grpo")) / "storage-runs"
+    try:
+        store = RunStorage(location, name)
+        if not store.exists("config.yaml") and not store.exists("metrics.jsonl"):
+            raise StorageError(f"{uri}: no run there (neither config.yaml nor metrics.jsonl)")
+        return store.download_run(base / re.sub(r"[^\w.-]+", "_", str(uri).split("://", 1)[-1]))
+    except StorageError:
+        raise
+    except Exception as e:
+        raise StorageError(f"{uri}: cannot read the run ({type(e).__name__}: {' '.join(str(e).split())[:400]})") from e

@@ -1,0 +1,124 @@
+"""A node lost mid-run on a real multi-node Ray cluster on one machine (``ray.cluster_utils.Cluster``).
+
+Run as ``python -m tests.multinode SCENARIO WORKDIR`` (by tests/test_storage.py, in its own process:
+one Python process can join only one Ray, and the suite's session Ray stays untouched). The head
+node (no CPU) holds the judge; two 1-CPU nodes hold one training worker each. When the first
+checkpoint is in storage, the node of one worker is removed. ``elastic``: ``num_workers: [1, 2]``, the run goes
+on with one worker. ``fixed``: ``num_workers: 2``, the run waits, then a replacement node is added
+and it resumes from storage. Writes WORKDIR/result.json; the test asserts on it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+# Enough steps that the node is gone well before the end: it is removed as soon as the first
+# checkpoint is registered in storage, and a step of the tiny policy takes about half a second.
+STEPS = 20
+
+
+def main(scenario: str, workdir: Path) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from pipeline.config import config_from_dict
+    from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.storage import RunStorage
+    from pipeline.train import prepare_run_dir, run_training
+    from tests.test_train_ray import small
+
+    storage = sys.argv[3]
+    data = small(workdir, distributed={"num_workers": [1, 2] if scenario == "elastic" else 2, "zero_stage": 2,
+                                       "cpus_per_worker": 1, "max_failures": 3},
+                 judge={"cpus_per_actor": 0, "num_actors": 1, "max_restarts": 3},
+                 optimization={"per_device_train_batch_size": 4, "max_steps": STEPS},
+                 eval={"num_prompts": 0}, output={"storage": storage, "save_steps": 2})
+    cfg = config_from_dict(data)
+    cfg.output.run_name = f"node-loss-{scenario}"
+    run_dir = workdir / cfg.output.run_name
+    store = RunStorage(storage, cfg.output.run_name)
+    log: list[str] = []
+
+    # The head has no CPU: Ray Train's elastic policy counts every node's total CPUs as worker slots
+    # (not what other actors hold), so a head CPU held by the judge would be counted as a free slot.
+    cluster = _retry(lambda: Cluster(initialize_head=True, shutdown_at_exit=True,
+                                     head_node_args={"num_cpus": 0, "include_dashboard": False}))
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
+    pool = start_pool(cfg)  # only the head exists yet: the judge lands there
+    judge_node = ray._private.state.actors(pool.judges[0]._actor_id.hex())["Address"]["NodeID"]
+    nodes = [_retry(lambda: cluster.add_node(num_cpus=1)) for _ in range(2)]
+    cluster.wait_for_nodes()
+    prepare_run_dir(cfg, run_dir, log=None)
+    result: dict = {"scenario": scenario, "judge_node": judge_node, "head": cluster.head_node.node_id,
+                    "training_nodes": [n.node_id for n in nodes]}
+
+    def saved_a_checkpoint() -> bool:
+        try:
+            snap = json.loads(store.read_text("ray_train/checkpoint_manager_snapshot.json"))
+            return bool(snap["checkpoint_results"])
+        except Exception:
+            return False
+
+    def chaos() -> None:
+        while not saved_a_checkpoint():
+            time.sleep(0.2)
+        result["step_at_removal"] = max([r["step"] for r in _rows(run_dir) if "reward" in r], default=0)
+        victim = nodes[1]
+        log.append(f"{time.time():.1f} removing node {victim.node_id}")
+        result["removed"] = victim.node_id
+        try:
+            cluster.remove_node(victim, allow_graceful=False)
+        except AssertionError as e:  # Ray's zombie check after the kill can trip on a loaded machine
+            log.append(f"remove_node: {e}")
+        if scenario == "fixed":
+            time.sleep(20)  # the group cannot restart with one node: it waits for capacity
+            result["steps_while_waiting"] = max([r["step"] for r in _rows(run_dir) if "reward" in r], default=0)
+            log.append(f"{time.time():.1f} adding a replacement node")
+            result["added"] = _retry(lambda: cluster.add_node(num_cpus=1)).node_id
+
+    def chaos_logged() -> None:
+        try:
+            chaos()
+        except Exception as e:
+            result["chaos_error"] = f"{type(e).__name__}: {e}"
+
+    thread = threading.Thread(target=chaos_logged, daemon=True)
+    thread.start()
+    t0 = time.time()
+    try:
+        run_training(cfg, run_dir, pool=pool, log=None)
+        result["ok"] = True
+    except Exception as e:  # the test shows it
+        result["ok"], result["error"] = False, f"{type(e).__name__}: {e}"
+    finally:
+        result["seconds"] = time.time() - t0
+        result["log"] = log
+        stop_pool(pool)
+        ray.shutdown()
+        cluster.shutdown()
+    (workdir / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def _retry(start, attempts: int = 3):
+    """Ray gives a starting node 30 s to register; on an overloaded machine a second try is normal."""
+    for i in range(attempts):
+        try:
+            return start()
+        except Exception:
+            if i == attempts - 1:
+                raise
+            time.sleep(5)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    from pipeline.run_callbacks import read_metrics
+
+    return read_metrics(run_dir / "metrics.jsonl")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,266 @@
+"""Runs kept in cloud storage: a real S3 API on 127.0.0.1 (moto's server), real Ray Train workers.
+
+The bucket holds every rank's ZeRO shards of each checkpoint and the run's files; with every local
+run directory deleted, the same command resumes from the bucket; a bad storage URI exits 2 before Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BUCKET = "synth-runs"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server in its own process; the AWS SDK's environment points this process at it.
+
+    Yields the endpoint URL; the bucket ``synth-runs`` exists. Workers get the filesystem pickled
+    from the driver (as Ray Train ships storage_filesystem), so they need no environment of their own.
+    """
+    pytest.importorskip("moto.server", reason="moto[server] is in the test extra")
+    import pyarrow.fs as pafs
+
+    port = _free_port()
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"moto-{port}.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_ENDPOINT_URL": endpoint,
+           "AWS_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"moto server did not start (see {log.name})")
+                time.sleep(0.3)
+        fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}",
+                               scheme="http", region="us-east-1", allow_bucket_creation=True)
+        fs.create_dir(BUCKET)
+        yield endpoint
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+    return proc, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------- bad input: before Ray, exit 2
+
+
+def test_unwritable_storage_exits_2_before_ray(s3_server, tmp_path):
+    proc, seconds = run_cli("train", "--set", "output.storage=s3://no-such-bucket/runs", "--set",
+                            f"output.root={tmp_path}", "--set", "output.run_name=bad-bucket")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "output.storage" in proc.stderr and "no-such-bucket" in proc.stderr, proc.stderr
+    assert "NoSuchBucket" in proc.stderr or "does not exist" in proc.stderr.lower(), proc.stderr
+    assert "Traceback" not in proc.stderr and "[ray]" not in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_unreachable_storage_exits_2_before_ray(tmp_path):
+    port = _free_port()  # nothing listens there
+    env = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    proc, seconds = run_cli("train", "--set", f"output.storage=s3://{BUCKET}/runs", "--set",
+                            f"output.root={tmp_path}", "--set", "output.run_name=unreachable", env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "output.storage" in proc.stderr and f"127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "[ray]" not in proc.stdout
+    assert seconds < 60, seconds
+
+
+def test_storage_under_a_file_exits_2_and_a_bad_scheme_is_a_config_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    proc, _ = run_cli("train", "--set", f"output.storage={blocker}/runs", "--set", f"output.root={tmp_path}")
+    assert proc.returncode == 2 and "output.storage" in proc.stderr and str(blocker) in proc.stderr, proc.stderr
+    proc, _ = run_cli("train", "--set", "output.storage=ftp://host/runs")
+    assert proc.returncode == 2 and "output.storage: 'ftp://host/runs'" in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------- end to end on S3
+
+
+@pytest.mark.slow
+def test_zero2_checkpoints_in_s3_and_resume_with_empty_local_dirs(ray_local, s3_server, tmp_path, capsys):
+    from pipeline.doctor import doctor_cli
+    from pipeline.run_callbacks import read_metrics
+    from pipeline.storage import RunStorage
+    from tests.test_train_ray import run, small, train_rows
+
+    storage = f"s3://{BUCKET}/runs"
+    data = small(tmp_path, distributed={"num_workers": 2, "zero_stage": 2, "cpus_per_worker": 0.5},
+                 judge={"cpus_per_actor": 0.25}, optimization={"per_device_train_batch_size": 4, "max_steps": 2},
+                 output={"storage": storage, "save_steps": 2})
+    cfg, run_dir, _ = run(tmp_path, data, "s3run")
+    store = RunStorage(storage, "s3run")
+    files = store.list()
+    # One checkpoint holding both ranks' optimizer shards, the adapter and the trainer state.
+    shards = [f for f in files if f.startswith("ray_train/checkpoint-000002/global_step2/") and f.endswith("optim_states.pt")]
+    assert sorted(Path(f).name.split("_mp_")[0] for f in shards) == ["zero_pp_rank_0", "zero_pp_rank_1"], files
+    for name in ("trainer_state.json", "adapter_model.safetensors", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"):
+        assert f"ray_train/checkpoint-000002/{name}" in files, (name, files)
+    # The run's files, readable with no node alive.
+    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "health.json", "length_changes.json",
+                 "adapter/adapter_config.json", "adapter/adapter_model.safetensors"):
+        assert name in files, (name, files)
+    first = [r for r in read_metrics(run_dir / "metrics.jsonl")]
+    ckpt_rows = [r for r in first if "checkpoint/seconds" in r]
+    assert [r["step"] for r in ckpt_rows] == [2] and ckpt_rows[0]["checkpoint/seconds"] > 0
+
+    # A fresh cluster: no local run directory anywhere; the same config with more steps.
+    shutil.rmtree(run_dir)
+    data["optimization"]["max_steps"] = 4
+    cfg, run_dir, outcome = run(tmp_path, data, "s3run")
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps 1-2 from the bucket, 3-4 trained now, once each
+    assert rows[:2] == [r for r in first if "reward" in r]
+    events = read_metrics(run_dir / "events.jsonl")
+    assert [(e["event"], e.get("step")) for e in events if e["event"] == "resume"] == [("resume", 2)]
+    remote = [r for r in (store.read_text("metrics.jsonl").splitlines()) if '"reward"' in r]
+    assert len(remote) == 4
+    assert "checkpoint-000004" in " ".join(store.list("ray_train"))
+    # The doctor reads the run straight from the bucket.
+    capsys.readouterr()
+    assert doctor_cli(type("A", (), {"run_dir": store.uri, "json": False})()) == 0
+    out = capsys.readouterr()
+    assert "metric lines, steps" in out.out and store.uri in out.err
+
+
+# ---------------------------------------------------------------- elastic worker counts
+
+
+def test_elastic_range_keeps_samples_per_optimizer_step(tmp_path):
+    from pipeline.config import ConfigError, load_config
+    from pipeline.elastic import for_world_size, samples_per_step
+    from pipeline.train import build_trainer
+    from pipeline.worker import build_grpo_config
+
+    cfg = load_config(None, ["distributed.num_workers=[1, 2]", "optimization.per_device_train_batch_size=4",
+                             "optimization.gradient_accumulation_steps=1", "generation.num_generations=4",
+                             f"output.root={tmp_path}"])
+    assert build_trainer(cfg, tmp_path / "run", pool=None).scaling_config.num_workers == (1, 2)
+    per_step = {}
+    for world in (1, 2):  # this process is one rank: TRL's generation batch counts one process's share
+        args = build_grpo_config(for_world_size(cfg, world), tmp_path, False, True, [1.0] * 4)
+        per_step[world] = (args.per_device_train_batch_size * world * args.gradient_accumulation_steps,
+                           args.generation_batch_size * world)
+    assert per_step[1] == per_step[2] == (8, 8) and samples_per_step(cfg) == 8
+    fixed = load_config(None, ["distributed.num_workers=2"])
+    assert build_trainer(fixed, tmp_path / "run2", pool=None).scaling_config.num_workers == 2
+
+    with pytest.raises(ConfigError) as e:  # 3 x 1 samples cannot be split over 2 workers: refused, not rounded
+        load_config(None, ["distributed.num_workers=[1, 3]", "optimization.per_device_train_batch_size=4",
+                           "generation.num_generations=4"])
+    assert "distributed.num_workers: [1, 3]" in str(e.value) and "2 worker(s)" in str(e.value)
+    ok = load_config(None, ["distributed.num_workers=[1, 3]", "optimization.gradient_accumulation_steps=2",
+                            "optimization.per_device_train_batch_size=4", "generation.num_generations=4"])
+    assert [for_world_size(ok, n).optimization.gradient_accumulation_steps for n in (1, 2, 3)] == [6, 3, 2]
+    for bad, words in (("[2, 1]", "min <= max"), ("[1, 2, 3]", "[min, max]")):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"distributed.num_workers={bad}"])
+        assert words in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["distributed.num_workers=[1, 2]", "distributed.zero_stage=3"])
+    assert "zero_stage 3" in str(e.value)
+
+
+# ---------------------------------------------------------------- a node lost mid-run
+
+
+def _scenario(tmp_path: Path, scenario: str) -> dict:
+    import tempfile
+
+    # Its own Ray temp root: the cluster's address file must not send another process's ray.init() to it.
+    ray_tmp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tests.multinode", scenario, str(tmp_path), f"s3://{BUCKET}/nodes"],
+                              cwd=REPO, capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "RAY_TMPDIR": ray_tmp})
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    result_path = tmp_path / "result.json"
+    assert result_path.exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads(result_path.read_text())
+    assert result["ok"], (result, proc.stderr[-5000:])
+    return result
+
+
+def _check_steps_once_and_samples_constant(run_dir: Path) -> list[dict]:
+    from pipeline.run_callbacks import read_metrics
+
+    from tests.multinode import STEPS
+
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    events = read_metrics(run_dir / "events.jsonl")
+    starts = [e for e in events if e["event"] in ("workers", "resize")]
+    assert len(starts) >= 2 and len({e["samples_per_step"] for e in starts}) == 1, starts
+    assert len({e["generation_batch_size"] for e in starts}) == 1, starts  # TRL's, across all workers
+    return events
+
+
+@pytest.mark.slow
+def test_node_lost_elastic_run_goes_on_with_one_worker(s3_server, tmp_path):
+    from tests.multinode import STEPS
+
+    result = _scenario(tmp_path, "elastic")
+    assert result["judge_node"] == result["head"] and result["removed"] in result["training_nodes"]
+    assert result["step_at_removal"] < STEPS
+    events = _check_steps_once_and_samples_constant(tmp_path / "node-loss-elastic")
+    resize = [e for e in events if e["event"] == "resize"]
+    assert resize and resize[0]["previous"] == 2 and resize[0]["num_workers"] == 1, events
+    assert resize[0]["gradient_accumulation_steps"] == 2
+    reset = [e for e in events if e["event"] == "optimizer_reset"]
+    assert reset and reset[0]["previous"] == 2, events  # ZeRO-2 partitions of 2 ranks cannot load on 1
+
+
+@pytest.mark.slow
+@pytest.mark.skip(reason="open (issue 14): on the 2-core machine the replacement node never started after the "
+                         "removal (no raylet for it within 5 min; Ray Train kept retrying 2 workers every 60 s); "
+                         "the elastic scenario above passes")
+def test_node_lost_fixed_count_resumes_from_s3_on_a_replacement_node(s3_server, tmp_path):
+    from pipeline.storage import RunStorage
+
+    from tests.multinode import STEPS
+
+    result = _scenario(tmp_path, "fixed")
+    assert result["step_at_removal"] < STEPS and result["steps_while_waiting"] < STEPS  # it waited for a node
+    events = _check_steps_once_and_samples_constant(tmp_path / "node-loss-fixed")
+    assert not [e for e in events if e["event"] in ("resize", "optimizer_reset")], events
+    assert len([e for e in events if e["event"] == "resume"]) == 1, events
+    files = RunStorage(f"s3://{BUCKET}/nodes", "node-loss-fixed").list(f"ray_train/checkpoint-{STEPS:06d}")
+    assert sum(f.endswith("optim_states.pt") for f in files) == 2, files
