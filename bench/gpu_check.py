@@ -205,11 +205,11 @@ def case_config(mode: Mode, g: int, backend: str, policy: Path, judge: Path, wor
     ])
     batch = M.scaled_batch(base, g, num_gpus)
     sets = [
-        f"model.name_or_path={policy}", f"judge.model={judge}", "judge.placement=same_gpu", "judge.num_actors=1",
+        f"model.name_or_path={policy}", f"judge.model={judge}", f"judge.placement={'same_gpu' if use_gpu else 'none'}", "judge.num_actors=1",
         f"judge.gpus_per_actor={JUDGE_GPU_SHARE if use_gpu else 0}", f"judge.cpus_per_actor={1 if use_gpu else 0.5}",
         "data.source=bundled", f"lora.r={mode.lora_r}", f"optimization.precision={mode.precision}",
         f"distributed.num_workers={num_gpus}", f"distributed.use_gpu={str(use_gpu).lower()}",
-        f"distributed.gpus_per_worker={1 - JUDGE_GPU_SHARE if use_gpu else 1}",
+        "distributed.gpus_per_worker=1",  # same_gpu: the workers ask for 1 - the judge's share (reward_pool.training_worker_gpus)
         f"distributed.cpus_per_worker={2 if use_gpu else 1}",
         "distributed.zero_stage=0", "distributed.max_failures=0",
         f"generation.num_generations={g}", f"generation.backend={backend}",
@@ -740,8 +740,9 @@ def main(argv: list[str] | None = None) -> int:
     gpu_gib = M.detect_gpu_gib() if on_gpu else None
     notes: list[str] = []
     try:  # the run config is validated before Ray or any model starts
-        case_config(mode, 8, "hf", work / "policy", work / "judge", work, num_gpus, on_gpu, steps,
-                                completion, args.overrides)
+        # the models are built later: hub-id placeholders pass the model checks, the rest is validated
+        case_config(mode, 8, "hf", "synth-grpo/gpu-check-policy", "synth-grpo/gpu-check-judge", work, num_gpus, on_gpu,
+                    steps, completion, args.overrides)
     except ConfigError as e:
         print(f"gpu_check: {e}", file=sys.stderr)
         return 2

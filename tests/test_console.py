@@ -191,7 +191,8 @@ def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy)
 
     # every evaluation's answers with their component scores ...
     answers = [json.loads(x) for x in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
-    assert sorted({a["step"] for a in answers}) == [0, 5, 10] and len(answers) == 12
+    k = yaml.safe_load((run_dir / "config.yaml").read_text())["eval"]["samples_per_prompt"]
+    assert sorted({a["step"] for a in answers}) == [0, 5, 10] and len(answers) == 3 * 4 * k  # 4 prompts x k samples
     assert all(set(a["scores"]) == {"rouge_l", "length", "judge", "eos"} and not a["ended_with_eos"] for a in answers)
     # ... the best and worst of the first and last in the doctor's report ...
     from pipeline.doctor import doctor

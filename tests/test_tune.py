@@ -358,7 +358,10 @@ def test_three_trial_search_results_best_config_and_training_from_it(ray_local, 
     cfg = config_from_dict(small_tune(tmp_path))
     cfg.output.run_name = "tiny"
     missing = str(tmp_path / "no-such-model")
-    # One model path fails to load: that trial errors, the others go on (Optuna's seeded draws pick both).
+    # One model folder fails to load (it passes the config's check, its config.json is broken): that
+    # trial errors, the others go on (Optuna's seeded draws pick both).
+    Path(missing).mkdir()
+    (Path(missing) / "config.json").write_text("{not json", encoding="utf-8")
     s = parse_space(tiny_space({"model.name_or_path": {"choice": ["tiny", missing]}}), "tiny-space")
     t0 = time.time()
     out = run_search(cfg, s, log=print)
