@@ -388,6 +388,18 @@ class TrialBoard:
         self._changed = False
         self._last_print = clock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its callbacks with the experiment state; a terminal stream does not pickle.
+        state = dict(self.__dict__)
+        state["stream"] = None if state["stream"] in (sys.stdout, sys.stderr) or not hasattr(state["stream"], "getvalue") \
+            else state["stream"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.stream is None:
+            self.stream = sys.stdout
+
     def _write(self, line: str, data: Mapping[str, Any]) -> None:
         self._erase()
         self.stream.write((json.dumps(dict(data), ensure_ascii=False) if self.mode == "json" else line) + "\n")

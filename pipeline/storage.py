@@ -196,6 +196,7 @@ def rank_part(checkpoint_dir: Path, rank: int, dest: Path) -> Path:
     the parts into one checkpoint, so a node's local disk need not be shared with any other.
     """
     checkpoint_dir = Path(checkpoint_dir)
+    shutil.rmtree(dest, ignore_errors=True)  # a part left by an attempt that died at this step
     for src in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file()):
         m = _RANK_FILE.search(src.name)
         owner = int(m.group(1)) if m else 0

@@ -199,7 +199,8 @@ def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy)
 
     report = doctor(run_dir, plots=False)[2].read_text()
     section = report.split("## Held-out samples")[1]
-    assert "### Step 0 (4 answers" in section and "### Step 10 (4 answers" in section and "### Step 5" not in section
+    assert f"### Step 0 ({4 * k} answers" in section and f"### Step 10 ({4 * k} answers" in section
+    assert "### Step 5" not in section
     best = max((a for a in answers if a["step"] == 10), key=lambda a: a["score"])
     assert f"| best | {best['score']:.3f} | {best['scores']['rouge_l']:.3f} |" in section
     # ... and as TensorBoard text

@@ -315,7 +315,7 @@ def test_ray_up_job_prometheus_ray_down(tiny_policy, tmp_path):
         # Quiet job log: no bytecode listing (dill's, leaked by Ray Train's print patch), no line twice, no
         # error-level line from Ray Train's preemption watcher.
         assert "PreemptionWatcher" not in logs and not re.search(r"\bLOAD_(GLOBAL|FAST|ATTR)\b", logs), logs[-3000:]
-        summary_lines = [line for line in logs.splitlines() if "{'train_runtime'" in line]  # TRL's last log line
+        summary_lines = [line for line in logs.splitlines() if "data[bundled]:" in line]  # the worker's data line
         assert len(summary_lines) == 1, summary_lines
 
         # Prometheus, started by the head's start commands, scraped the run's reward from the node.

@@ -103,6 +103,12 @@ class FakeContext:
     def get_world_rank(self):
         return 0
 
+    def get_world_size(self):
+        return 1
+
+    def get_local_rank(self):
+        return 0
+
 
 def run_worker_until_loading(monkeypatch, cfg_data: dict):
     """Run pipeline.worker.train_loop_per_worker outside Ray Train up to its model loading."""
