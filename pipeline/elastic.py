@@ -49,12 +49,14 @@ def accumulation_for(cfg: RunConfig, world_size: int) -> tuple[int, int | None]:
 
 
 def for_world_size(cfg: RunConfig, world_size: int) -> RunConfig:
-    """A copy of ``cfg`` with gradient accumulation adapted to ``world_size`` workers."""
+    """The worker's view of ``cfg`` on a group of ``world_size``: that count of workers, and gradient
+    accumulation adapted to it (so everything that counts completions per step sees the real group)."""
     lo, hi = worker_range(cfg)
     if lo == hi:
         return cfg
     out = copy.deepcopy(cfg)
     out.optimization.gradient_accumulation_steps, out.generation.steps_per_generation = accumulation_for(cfg, world_size)
+    out.distributed.num_workers = world_size
     return out
 
 
