@@ -5,6 +5,7 @@ report, and as TensorBoard text when the run reports to TensorBoard."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -21,10 +22,12 @@ def answer_score(scores: Mapping[str, float], ended_with_eos: bool, weights: Map
 
 def eval_rows(step: int, records: Sequence[Mapping[str, Any]], answers: Sequence[str], ended: Sequence[bool],
               scores: Mapping[str, Sequence[float]], weights: Mapping[str, float]) -> list[dict[str, Any]]:
-    rows = []
+    rows, seen = [], Counter()
     for i, (rec, text) in enumerate(zip(records, answers)):
         comp = {k: float(v[i]) for k, v in scores.items()}
-        rows.append({"step": step, "id": rec.get("id"), "prompt": rec["question"], "completion": text,
+        sample = seen[rec["question"]]  # eval.samples_per_prompt: the k-th answer to this prompt
+        seen[rec["question"]] += 1
+        rows.append({"step": step, "id": rec.get("id"), "prompt": rec["question"], "sample": sample, "completion": text,
                      "reference": rec["reference"], "ended_with_eos": bool(ended[i]), "scores": comp,
                      "score": answer_score(comp, bool(ended[i]), weights)})
     return rows
@@ -44,9 +47,10 @@ def by_evaluation(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[s
         step = r.get("step")
         if not isinstance(step, int) or "score" not in r:
             continue
-        if step != last or r.get("prompt") in ids:  # a new evaluation (a prompt again: the step evaluated anew)
+        key = (r.get("prompt"), r.get("sample", 0))
+        if step != last or key in ids:  # a new evaluation (an answer again: the step evaluated anew)
             out[step], last, ids = [], step, set()
-        ids.add(r.get("prompt"))
+        ids.add(key)
         out[step].append(r)
     return out
 

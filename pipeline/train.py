@@ -25,6 +25,13 @@ class FatalRunError(RuntimeError):
     """A worker stopped on bad data, a bad model or a bad config: retrying would fail the same way."""
 
 
+def raise_if_fatal(run_dir: Path) -> None:
+    """FatalRunError with the cause a worker left (``FATAL_FILE``), if it left one."""
+    fatal = run_dir / FATAL_FILE
+    if fatal.is_file():
+        raise FatalRunError(fatal.read_text(encoding="utf-8").strip())
+
+
 @dataclass
 class TrainOutcome:
     run_dir: Path
@@ -237,16 +244,14 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
     own_pool = pool is None
     if own_pool:
         pool = start_pool(cfg)
-    fatal = run_dir / FATAL_FILE
-    fatal.unlink(missing_ok=True)
+    (run_dir / FATAL_FILE).unlink(missing_ok=True)
     try:
         trainer = build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg))
         result = trainer.fit()
     finally:
         if own_pool:
             stop_pool(pool)
-    if fatal.is_file():
-        raise FatalRunError(fatal.read_text(encoding="utf-8").strip())
+    raise_if_fatal(run_dir)
     store = run_store(cfg, run_dir)
     if store is not None:  # rank 0 may have run on another node: read the run as storage holds it
         store.download_run(run_dir)

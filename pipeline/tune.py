@@ -70,7 +70,7 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
     """One Tune trial: its config (validated), its run directory, the project's TorchTrainer.fit()."""
     from ray import tune
 
-    from pipeline.train import build_trainer, gpu_length_ceiling, prepare_run_dir
+    from pipeline.train import FATAL_FILE, build_trainer, gpu_length_ceiling, prepare_run_dir, raise_if_fatal
 
     trial_id = tune.get_context().get_trial_id()
     cfg = space.trial_config(base, params)
@@ -82,7 +82,9 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
         if last:
             tune.report(last)
         return
+    (run_dir / FATAL_FILE).unlink(missing_ok=True)
     build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[_report_callback()]).fit()
+    raise_if_fatal(run_dir)  # a worker stopped on an error a retry cannot fix: the trial errors with it
 
 
 def trained(run_dir: Path) -> bool:
