@@ -247,6 +247,7 @@ class Evaluator(TrainerCallback):
         import torch
         from trl.models import unwrap_model_for_generation
 
+        from pipeline import eval_samples
         from pipeline.reward_clients import eos_kwargs
         from rewards.eos import is_terminated
 
@@ -287,15 +288,12 @@ class Evaluator(TrainerCallback):
                 )
 
             scores = dict(zip(REWARD_COMPONENTS, pool.run(score_all())))
+            ended = [is_terminated(x, self.eos_ids) for x in ids]
             if self.samples_path is not None:
-                from pipeline import eval_samples
-
-                ended = [is_terminated(x, self.eos_ids) for x in ids]
                 rows = eval_samples.eval_rows(step, recs, cands, ended, scores, self.cfg.eval.score_weights)
                 eval_samples.write(self.samples_path, rows)
                 eval_samples.to_tensorboard(tr, step, rows)
             n = len(cands)
-            ended = [float(is_terminated(x, self.eos_ids)) for x in ids]
             for key, v in scores.items():
                 metrics[f"eval/{key}"] = sum(v) / n
             metrics["eval/eos_rate"] = sum(ended) / n
@@ -303,9 +301,7 @@ class Evaluator(TrainerCallback):
             metrics["eval/max_new_tokens"] = max_new
             metrics["eval/num_completions"] = n
             w = self.cfg.eval.score_weights
-            total = sum(w.values()) or 1.0
-            per = [sum(w.get(c, 0.0) * (ended[i] if c == "eos" else scores[c][i]) for c in REWARD_COMPONENTS) / total
-                   for i in range(n)]
+            per = [eval_samples.answer_score({c: v[i] for c, v in scores.items()}, ended[i], w) for i in range(n)]
             metrics["eval/score"] = sum(per) / n
             metrics["eval/score_stderr"] = score_stderr([items[j] for j, _, _, _ in gathered], per)
             kls = [kl for _, _, _, kl in gathered if kl is not None]
