@@ -31,6 +31,7 @@ from transformers import TrainerCallback
 
 from pipeline.config import CONSOLE_MODES  # noqa: F401  (re-exported: the modes this module draws)
 from pipeline.doctor import CAP, is_train_row
+from pipeline.train import append_event
 
 EVENTS = "events.jsonl"
 METRICS = "metrics.jsonl"
@@ -279,11 +280,6 @@ def watch(run_dir: Path, mode: str, total_steps: int, stream: TextIO | None = No
 # ---------------------------------------------------------------- worker side
 
 
-def append_event(run_dir: Path, event: str, step: int, **fields: Any) -> None:
-    with (Path(run_dir) / EVENTS).open("a", encoding="utf-8") as f:
-        f.write(json.dumps({"event": event, "step": step, "time": time.time(), **fields}, ensure_ascii=False) + "\n")
-
-
 class RunEvents(TrainerCallback):
     """Rank 0: the run's events into events.jsonl as they happen: cap changes (from the length
     control), health findings (from the health callback), checkpoints. Placed after both."""
@@ -301,11 +297,11 @@ class RunEvents(TrainerCallback):
             band = getattr(self.length_ctl, "band", None)
             for step, old, new in self.length_ctl.changes[self._changes:]:
                 why = "schedule" if self.length_ctl.schedule else f"clipped ratio outside [{band[0]}, {band[1]}]"
-                append_event(self.run_dir, "length_cap", step, old=old, new=new, why=why)
+                append_event(self.run_dir, "length_cap", step=step, old=old, new=new, why=why)
             self._changes = len(self.length_ctl.changes)
         if self.health is not None:
             for f in self.health.findings[self._findings:]:
-                append_event(self.run_dir, "finding", f.first_step, rule=f.rule, text=f.format())
+                append_event(self.run_dir, "finding", step=f.first_step, rule=f.rule, text=f.format())
             self._findings = len(self.health.findings)
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -313,7 +309,7 @@ class RunEvents(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            append_event(self.run_dir, "checkpoint", state.global_step, name=f"checkpoint-{state.global_step:06d}")
+            append_event(self.run_dir, "checkpoint", step=state.global_step, name=f"checkpoint-{state.global_step:06d}")
 
 
 def quiet_worker(trainer, mode: str) -> None:

@@ -93,9 +93,10 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
 
 
 def append_event(run_dir: Path, event: str, **fields: Any) -> None:
-    """One line of ``events.jsonl``: what happened to the run (resumes, config changes, resizes)."""
+    """One line of ``events.jsonl``: what happened to the run (resumes, config changes, resizes, and
+    the console's cap changes, findings and checkpoints). The one writer of that file."""
     with (run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps({"event": event, **fields, "time": time.time()}) + "\n")
+        f.write(json.dumps({"event": event, **fields, "time": time.time()}, ensure_ascii=False) + "\n")
 
 
 def ray_address(address: str | None, connect_timeout_s: float = 20.0) -> tuple[str | None, str]:
