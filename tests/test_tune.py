@@ -467,13 +467,20 @@ def test_crashed_search_resumes_keeping_finished_trials(tmp_path):
                 if s != "TERMINATED" and registered_checkpoints(trials / t) and not trained(trials / t)}
 
     # Wait for one finished trial and one between checkpoints, then crash the whole session at once:
-    # driver, local Ray and every worker (Ray's workers run in their own process groups).
+    # driver, local Ray and every worker (Ray's workers run in their own process groups). The session
+    # is frozen (SIGSTOP) and read again before the kill: a trial seen between checkpoints could
+    # otherwise finish in the moment between the look and the kill (CI saw one do so).
     deadline, caught, states = time.time() + 600, set(), {}
     while time.time() < deadline and first.poll() is None:
         states, caught = trial_states(exp_dir), mid_run()
         if caught and "TERMINATED" in states.values():
-            signal_session(first.pid, signal.SIGKILL)
-            break
+            signal_session(first.pid, signal.SIGSTOP)
+            time.sleep(0.5)  # let writes already in the kernel land
+            states, caught = trial_states(exp_dir), mid_run()
+            if caught and "TERMINATED" in states.values():
+                signal_session(first.pid, signal.SIGKILL)
+                break
+            signal_session(first.pid, signal.SIGCONT)
         time.sleep(0.1)
     finished = {t for t, s in states.items() if s == "TERMINATED"}
     kept = {t: fingerprint(exp_dir / "trials" / t) for t in finished}
