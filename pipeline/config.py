@@ -126,6 +126,10 @@ class AdaptiveLengthSection:
     # many binomial standard errors (so far outside, after a single step; near the edge, a full window).
     hysteresis: float = 1.0
     start: int = 64
+    # The cap never falls below this quantile of the training references' lengths (policy tokens, +1
+    # for EOS), nor starts below it: a cap that cuts answers as long as the references teaches the
+    # policy to answer shorter than they are (measured: docs/benchmarks.md). 0 = off.
+    reference_quantile: float = 0.0
 
 
 @dataclass
@@ -570,6 +574,8 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
         p.append("generation.adaptive: floor, step, window_completions and start must be >= 1")
     if a.hysteresis < 0:
         p.append(f"generation.adaptive.hysteresis: {a.hysteresis} must be >= 0 (standard errors)")
+    if not 0 <= a.reference_quantile <= 1:
+        p.append(f"generation.adaptive.reference_quantile: {a.reference_quantile} must be in [0, 1] (0 = off)")
     if a.ceiling is not None and a.ceiling < max(a.floor, a.start):
         p.append(f"generation.adaptive.ceiling: {a.ceiling} must be >= floor {a.floor} and start {a.start}")
     _choice(p, "generation.backend", g.backend, ("hf", "vllm"))

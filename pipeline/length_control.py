@@ -13,7 +13,7 @@ completions is too noisy, so the estimate pools completions and only a significa
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 from transformers import TrainerCallback
 
@@ -133,6 +133,15 @@ def apply_max_completion_length(trainer, length: int) -> None:
             sampling.max_tokens = length
 
 
+def reference_floor(references: Sequence[str], tokenizer, quantile: float) -> int:
+    """Tokens (+1 for EOS) within which ``quantile`` of the reference answers end; 0 when off or no references."""
+    if quantile <= 0 or not references:
+        return 0
+    ids = tokenizer(list(references), add_special_tokens=False)["input_ids"]
+    lengths = sorted(len(x) + 1 for x in ids)
+    return lengths[max(0, math.ceil(quantile * len(lengths)) - 1)]
+
+
 class CompletionLengthControl(TrainerCallback):
     """Owns the current cap; other parts (the EOS reward) read ``current``, evaluation reads ``budget``.
 
@@ -142,7 +151,8 @@ class CompletionLengthControl(TrainerCallback):
     be the band's middle (``target_cap``), by at least ``step`` tokens, and the window starts again.
     """
 
-    def __init__(self, cfg: RunConfig, ceiling: int | None = None, log: Callable[[str], None] = print):
+    def __init__(self, cfg: RunConfig, ceiling: int | None = None, log: Callable[[str], None] = print,
+                 reference_floor: int = 0):
         g = cfg.generation
         self.adaptive = cfg.adaptive_length
         self.schedule = [list(x) for x in g.length_schedule]
@@ -150,8 +160,12 @@ class CompletionLengthControl(TrainerCallback):
         self.current = self.initial
         a = g.adaptive
         self.band = (a.band_low, a.band_high)
-        self.step_size, self.floor = a.step, a.floor
         self.ceiling = a.ceiling or ceiling or 4 * a.start
+        self.step_size = a.step
+        # ``reference_floor`` (see ``reference_floor()``) raises the floor, and the start with it, up to the ceiling.
+        self.floor = max(a.floor, min(reference_floor, self.ceiling)) if self.adaptive else a.floor
+        if self.adaptive:
+            self.current = max(self.current, self.floor)
         self.window_completions, self.z = a.window_completions, a.hysteresis
         o = cfg.optimization  # completions behind one logged step (TRL logs their means)
         self.per_step = (o.per_device_train_batch_size * cfg.distributed.num_workers

@@ -143,6 +143,7 @@ class RunStorage:
             dst = run_dir / name
             if size < 0 or (only_larger and dst.is_file() and dst.stat().st_size >= size):
                 continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
             with self.fs.open_input_stream(f"{self.path}/{name}") as f:
                 tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:6]}")
                 tmp.write_bytes(f.read())
@@ -150,10 +151,7 @@ class RunStorage:
             done.append(name)
         for name in dirs:
             if not (only_larger and (run_dir / name).exists()):
-                files = self.list(name)
-                for rel in files:
-                    (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-                done += self.pull(run_dir, files, only_larger=False)
+                done += self.pull(run_dir, self.list(name), only_larger=False)
         return done
 
     def download_run(self, dest: Path) -> Path:

@@ -8,7 +8,10 @@ never the training reward, whose scale moves with the searched reward weights. O
 
 Layout under ``<output.root>/<name>/``: ``trials/<trial_id>/`` (run directories), ``tune/`` (Tune's
 experiment state, for ``--resume``), ``base_config.yaml`` and ``space.yaml`` (what the search
-resumes with), ``results.csv`` and ``best.yaml``.
+resumes with), ``results.csv`` and ``best.yaml``. With ``output.storage`` the same layout is also
+kept in ``<output.storage>/<name>/``: Tune's experiment state and every trial's checkpoints and
+files go there, so a search runs on nodes without a shared disk and ``--resume`` works from a
+machine that has none of it locally.
 """
 
 from __future__ import annotations
@@ -66,17 +69,22 @@ def _report_callback():
     return EvalReportCallback()
 
 
-def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpace, pool, trials_dir: str) -> None:
+def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpace, pool, trials_dir: str,
+               trials_storage: str | None = None) -> None:
     """One Tune trial: its config (validated), its run directory, the project's TorchTrainer.fit()."""
     from ray import tune
 
+    from pipeline.storage import WORKER_DIRS, run_store
     from pipeline.train import FATAL_FILE, build_trainer, gpu_length_ceiling, prepare_run_dir, raise_if_fatal
 
     trial_id = tune.get_context().get_trial_id()
     cfg = space.trial_config(base, params)
-    cfg.output.root, cfg.output.run_name = trials_dir, trial_id
+    cfg.output.root, cfg.output.run_name, cfg.output.storage = trials_dir, trial_id, trials_storage
     run_dir = Path(trials_dir) / trial_id  # stable across --resume: Ray Train resumes from its checkpoints
-    prepare_run_dir(cfg, run_dir, log=None)
+    prepare_run_dir(cfg, run_dir, log=None)  # with storage: the trial's files come from there first
+    store = run_store(cfg, run_dir)
+    if store is not None and not trained(run_dir) and store.exists("adapter/adapter_config.json"):
+        store.pull(run_dir, dirs=WORKER_DIRS)
     if trained(run_dir):  # finished before a crash Tune's saved state had not caught up with
         last = last_eval(run_dir)
         if last:
@@ -166,10 +174,16 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     from pipeline.train import init_ray
 
     name, exp_dir = experiment_dir(cfg, name)
+    store = experiment_store(cfg, name)
     tune_dir = exp_dir / TUNE_DIR
+    # Where Tune keeps its experiment state: the storage folder when there is one, else the local folder.
+    tune_path, tune_fs = (f"{store.path}/{TUNE_DIR}", store.fs) if store else (str(tune_dir), None)
     if resume:
-        if not tune.Tuner.can_restore(str(tune_dir)):
-            raise ConfigError([f"--resume: no search to resume at {tune_dir} (check --config's output.root and --name)"])
+        if store is not None:  # a machine that never saw the search: its saved base config and space first
+            store.pull(exp_dir, [BASE_CONFIG, SPACE_COPY], only_larger=False)
+        if not tune.Tuner.can_restore(tune_path, storage_filesystem=tune_fs):
+            where = store.uri + "/" + TUNE_DIR if store else tune_dir
+            raise ConfigError([f"--resume: no search to resume at {where} (check --config's output.root, output.storage and --name)"])
         base = config_from_dict(yaml.safe_load((exp_dir / BASE_CONFIG).read_text(encoding="utf-8")))
         space = parse_space(yaml.safe_load((exp_dir / SPACE_COPY).read_text(encoding="utf-8")), str(exp_dir / SPACE_COPY))
         if log:
@@ -184,6 +198,8 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
         exp_dir.mkdir(parents=True, exist_ok=True)
         (exp_dir / BASE_CONFIG).write_text(base.to_yaml(), encoding="utf-8")
         (exp_dir / SPACE_COPY).write_text(yaml.safe_dump(space.raw, sort_keys=False), encoding="utf-8")
+        if store is not None:
+            store.push(exp_dir, [BASE_CONFIG, SPACE_COPY])
     base_dict = base.to_dict()
     callbacks, mode = list(tune_callbacks), base.logging.console
     if log and mode != "verbose":  # the CLI's console: trial events and a live table instead of Tune's reporter
@@ -202,7 +218,8 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     )
     pool = start_pool(base, name=f"{name}-pool")
     trainable = tune.with_resources(
-        tune.with_parameters(tune_trial, base=base_dict, space=space, pool=pool, trials_dir=str(exp_dir / TRIALS_DIR)),
+        tune.with_parameters(tune_trial, base=base_dict, space=space, pool=pool, trials_dir=str(exp_dir / TRIALS_DIR),
+                             trials_storage=f"{store.uri}/{TRIALS_DIR}" if store else None),
         tune.PlacementGroupFactory([{"CPU": TRIAL_DRIVER_CPUS}]),
     )
     if log:
@@ -210,7 +227,8 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
             f"{concurrency} trial(s) at a time on {ray.cluster_resources().get('CPU', 0):g} CPUs")
     try:
         if resume:
-            tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True, resume_errored=False)
+            tuner = tune.Tuner.restore(tune_path, trainable=trainable, resume_unfinished=True, resume_errored=False,
+                                       storage_filesystem=tune_fs)
         else:
             tuner = tune.Tuner(
                 trainable,
@@ -221,7 +239,8 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
                     trial_dirname_creator=_trial_dirname,
                 ),
                 run_config=tune.RunConfig(
-                    name=TUNE_DIR, storage_path=str(exp_dir), callbacks=callbacks,
+                    name=TUNE_DIR, storage_path=store.path if store else str(exp_dir), storage_filesystem=tune_fs,
+                    callbacks=callbacks,
                     verbose=None if mode == "verbose" else 0,
                     failure_config=tune.FailureConfig(max_failures=0),  # Ray Train retries inside a trial
                 ),
@@ -230,10 +249,31 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     finally:
         stop_pool(pool)
 
-    rows, columns, interrupted = collect_rows(saved_trials(tune_dir), space, base_dict, exp_dir)
+    trials = saved_trials(tune_path, tune_fs)
+    if store is not None:  # trials ran on other nodes: their files, as far as this table needs them
+        pull_trials(f"{store.uri}/{TRIALS_DIR}", [t[0] for t in trials], exp_dir / TRIALS_DIR)
+    rows, columns, interrupted = collect_rows(trials, space, base_dict, exp_dir)
     results_csv = write_results_csv(rows, columns, exp_dir / RESULTS_CSV)
     best = write_best_config(rows, space, base, name, exp_dir / BEST_CONFIG)
+    if store is not None:
+        store.push(exp_dir, [RESULTS_CSV, BEST_CONFIG])
     return SearchOutcome(exp_dir, rows, results_csv, best, interrupted, alg_name, columns)
+
+
+def experiment_store(cfg: RunConfig, name: str):
+    """The search's folder in ``output.storage`` (``<storage>/<name>/``), or None without storage."""
+    from pipeline.storage import RunStorage
+
+    return RunStorage(cfg.output.storage, name) if cfg.output.storage else None
+
+
+def pull_trials(trials_uri: str, trial_ids: Sequence[str], trials_dir: Path) -> None:
+    """Each trial's config, metrics and adapter config from storage into ``trials_dir``, where missing here."""
+    from pipeline.storage import RunStorage
+
+    for trial_id in trial_ids:
+        store = RunStorage(trials_uri, trial_id)
+        store.pull(trials_dir / trial_id, ["config.yaml", "metrics.jsonl", "adapter/adapter_config.json"])
 
 
 def _check_base(base: RunConfig, space: SearchSpace) -> None:
@@ -258,7 +298,7 @@ def _error_line(err: BaseException | None) -> str:
     return line[:300]
 
 
-def saved_trials(tune_dir: Path) -> list[tuple[str, str, dict, Any]]:
+def saved_trials(tune_dir: Path | str, filesystem=None) -> list[tuple[str, str, dict, Any]]:
     """(trial id, status, searched config, Result) per trial, as Tune saved them: what ``--resume`` will see.
 
     Tune's public readers of a saved experiment (``ExperimentAnalysis`` on the folder, ``ResultGrid``
@@ -267,7 +307,7 @@ def saved_trials(tune_dir: Path) -> list[tuple[str, str, dict, Any]]:
     """
     from ray.tune import ExperimentAnalysis, ResultGrid
 
-    analysis = ExperimentAnalysis(str(tune_dir), default_metric=OBJECTIVE, default_mode="max")
+    analysis = ExperimentAnalysis(str(tune_dir), storage_filesystem=filesystem, default_metric=OBJECTIVE, default_mode="max")
     # The trial's own config: a trial that failed before reporting has none in its Result.
     return [(t.trial_id, t.status, dict(t.config or {}), r) for t, r in zip(analysis.trials, ResultGrid(analysis))]
 
@@ -378,6 +418,7 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
 def tune_cli(cfg: RunConfig, args) -> int:
     from pipeline.data import DataError, check_source
     from pipeline.reward_pool import RewardPoolError
+    from pipeline.storage import StorageError, check_writable
     from pipeline.train import RayUnreachable, init_ray
 
     if args.samples is not None and args.samples < 1:
@@ -393,13 +434,21 @@ def tune_cli(cfg: RunConfig, args) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return 2
     name, exp_dir = experiment_dir(cfg, getattr(args, "name", None))
-    if not args.resume and (exp_dir / TUNE_DIR).exists():
-        print(f"synth-grpo tune: a search already exists at {exp_dir}; pass --resume to continue it, or another --name",
-              file=sys.stderr)
-        return 2
-    if args.resume and not (exp_dir / BASE_CONFIG).is_file():
-        print(f"synth-grpo tune: --resume: no search at {exp_dir} (it is found through --config's output.root and --name)",
-              file=sys.stderr)
+    try:  # storage that cannot be written ends here, before Ray or any model starts
+        if cfg.output.storage:
+            check_writable(cfg.output.storage, name)
+        store = experiment_store(cfg, name)
+        where = f"{exp_dir}" + (f" or {store.uri}" if store else "")
+        if not args.resume and ((exp_dir / TUNE_DIR).exists() or (store is not None and store.exists(TUNE_DIR))):
+            print(f"synth-grpo tune: a search already exists at {where}; pass --resume to continue it, or another --name",
+                  file=sys.stderr)
+            return 2
+        if args.resume and not ((exp_dir / BASE_CONFIG).is_file() or (store is not None and store.exists(BASE_CONFIG))):
+            print(f"synth-grpo tune: --resume: no search at {where} (it is found through --config's output.root, "
+                  "output.storage and --name)", file=sys.stderr)
+            return 2
+    except StorageError as e:
+        print(f"synth-grpo tune: {e}", file=sys.stderr)
         return 2
     from pipeline.console import quiet_environment
 

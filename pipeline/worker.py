@@ -7,6 +7,7 @@ train``, Ray Tune trials and ``ray job submit``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -225,7 +226,7 @@ def train_loop_per_worker(config: dict) -> None:
     from pipeline.data import load_records
     from pipeline.elastic import for_world_size, record_world_size, resized, without_optimizer_state
     from pipeline.health import HealthCallback
-    from pipeline.length_control import CompletionLengthControl
+    from pipeline.length_control import CompletionLengthControl, reference_floor
     from pipeline.reward_clients import make_pool_reward_funcs
     from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter
 
@@ -259,7 +260,14 @@ def train_loop_per_worker(config: dict) -> None:
     pool = config["pool"]
     torch.set_num_threads(max(1, int(cfg.distributed.cpus_per_worker)))
     say = log if cfg.logging.console == "verbose" else None  # otherwise the driver's console shows events.jsonl
-    length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=say)
+    floor = reference_floor([r["reference"] for r in train_recs], tokenizer,
+                            cfg.generation.adaptive.reference_quantile) if cfg.adaptive_length else 0
+    length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=say, reference_floor=floor)
+    if floor and is_rank0:
+        from pipeline.train import append_event
+
+        append_event(run_dir, "length_floor", step=0, tokens=length_ctl.floor,
+                     quantile=cfg.generation.adaptive.reference_quantile)
     self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens, cfg.judge.max_batch_size) if cfg.judge.backend == "self" else None
     funcs, weights = make_pool_reward_funcs(pool, cfg, eos_ids, lambda: length_ctl.current, self_judge)
 
@@ -286,8 +294,11 @@ def train_loop_per_worker(config: dict) -> None:
 
     resume_from, step, saved_world = None, 0, None
     checkpoint = ray.train.get_checkpoint()
+    # A checkpoint in cloud storage is downloaded once per node and deleted after the run has read it; a
+    # local one is read in place (to_directory() copied it to /tmp at every resume, and left it there).
+    checkpoint_files = contextlib.ExitStack()
     if checkpoint is not None:
-        resume_from = checkpoint.to_directory()  # a local copy every rank can read
+        resume_from = checkpoint_files.enter_context(checkpoint.as_directory())
         step = json.loads((Path(resume_from) / "trainer_state.json").read_text())["global_step"]
         _restore_length_state(run_dir, step, length_ctl, truncate=is_rank0)
         world = ray.train.get_context().get_world_size()
@@ -313,11 +324,10 @@ def train_loop_per_worker(config: dict) -> None:
         if is_rank0:
             export_trained_weights(Path(resume_from), run_dir / "adapter")
     else:
-        import contextlib
-
         with without_optimizer_state() if saved_world else contextlib.nullcontext():
             trainer.train(resume_from_checkpoint=resume_from)
         trainer.save_model(str(run_dir / "adapter"))
+    checkpoint_files.close()
     if is_rank0:
         tokenizer.save_pretrained(str(run_dir / "adapter"))
         (run_dir / "adapter" / "training_args.bin").unlink(missing_ok=True)  # a pickle nothing needs to load

@@ -60,6 +60,7 @@ FIELD_TESTS: dict[str, str] = {
         "tests/test_length_control.py::test_adaptive_moves_toward_the_estimate_by_at_least_a_step_within_floor_and_ceiling",
     "generation.adaptive.window_completions": "tests/test_length_control.py::test_window_and_hysteresis_change_the_decisions",
     "generation.adaptive.hysteresis": "tests/test_length_control.py::test_more_hysteresis_needs_more_evidence",
+    "generation.adaptive.reference_quantile": "tests/test_length_control.py::test_reference_quantile_raises_the_floor_and_the_start",
     "distributed.num_workers": SEAM + "test_field_reaches_the_ray_train_trainer",
     "distributed.use_gpu": SEAM + "test_field_reaches_the_ray_train_trainer",
     "distributed.gpus_per_worker": SEAM + "test_field_reaches_the_ray_train_trainer",

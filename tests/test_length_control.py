@@ -14,6 +14,7 @@ from pipeline.length_control import (
     CompletionLengthControl,
     adaptive_next,
     band_side,
+    reference_floor,
     scheduled_length,
     smoothed_ratio,
     target_cap,
@@ -173,6 +174,31 @@ class _Recorder(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "completions/clipped_ratio" in logs:
             self.rows.append(dict(logs, step=state.global_step))
+
+
+def test_reference_quantile_raises_the_floor_and_the_start(tiny_policy):
+    """The cap starts at, and never falls below, the length that 90% of the training references fit in."""
+    from transformers import AutoTokenizer
+
+    from pipeline.data import load_records
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_policy)
+    cfg = load_config(None, ADAPTIVE + ["generation.adaptive.start=8", "generation.adaptive.reference_quantile=0.9"])
+    train, _, _ = load_records(cfg.data, log=None)
+    refs = [r["reference"] for r in train]
+    floor = reference_floor(refs, tokenizer, 0.9)
+    lengths = [len(tokenizer(r, add_special_tokens=False)["input_ids"]) + 1 for r in refs]
+    assert sum(n <= floor for n in lengths) >= 0.9 * len(lengths) > sum(n < floor for n in lengths)
+    assert reference_floor(refs, tokenizer, 0.0) == 0 and reference_floor(refs, tokenizer, 1.0) == max(lengths)
+
+    ctl = CompletionLengthControl(cfg, log=None, reference_floor=floor)
+    assert ctl.current == ctl.floor == floor > 8
+    _feed(ctl, [0.0] * 40, mean_length=4.0)  # answers far below the cap: it would fall, and stops at the floor
+    assert ctl.current == floor
+    without = CompletionLengthControl(load_config(None, ADAPTIVE + [f"generation.adaptive.start={floor + 16}"]), log=None)
+    _feed(without, [0.0] * 40, mean_length=4.0)
+    assert without.current < floor
+    assert CompletionLengthControl(cfg, log=None, reference_floor=500).current == 96  # never above the ceiling
 
 
 def _train_adaptive(tmp_path, start: int, steps: int) -> list[dict]:

@@ -160,6 +160,45 @@ def test_zero2_checkpoints_in_s3_and_resume_with_empty_local_dirs(ray_local, s3_
     assert "metric lines, steps" in out.out and store.uri in out.err
 
 
+@pytest.mark.slow
+def test_search_kept_in_s3_resumes_on_a_machine_without_its_files(ray_local, s3_server, tmp_path):
+    """Tune's experiment state and every trial's checkpoints and files live in the bucket: with the
+    local experiment folder deleted, ``--resume`` restores the search from there and trains nothing again."""
+    from pipeline.config import config_from_dict
+    from pipeline.search_space import parse_space
+    from pipeline.storage import RunStorage
+    from pipeline.tune import run_search
+    from tests.test_tune import small_tune
+
+    storage = f"s3://{BUCKET}/searches"
+    data = small_tune(tmp_path, output={"storage": storage, "save_steps": 2}, eval={"every_steps": 2})
+    data["optimization"]["max_steps"] = 2
+    cfg = config_from_dict(data)
+    space = parse_space({"num_samples": 2, "space": {"optimization.learning_rate": {"choice": [1.0e-3, 1.0e-2]}}}, "space")
+    first = run_search(cfg, space, name="s3search", log=None)
+    assert [r["status"] for r in first.rows] == ["done", "done"], first.rows
+    store = RunStorage(storage, "s3search")
+    files = store.list()
+    for name in ("base_config.yaml", "space.yaml", "results.csv", "best.yaml"):
+        assert name in files, (name, files)
+    assert any(f.startswith("tune/experiment_state") for f in files), files
+    remote_metrics = {}
+    for row in first.rows:
+        trial = f"trials/{row['trial_id']}"
+        for name in ("ray_train/checkpoint_manager_snapshot.json", "metrics.jsonl", "config.yaml", "adapter/adapter_config.json"):
+            assert f"{trial}/{name}" in files, (trial, name, files)
+        assert any(f.startswith(f"{trial}/ray_train/checkpoint-000002/") for f in files)
+        remote_metrics[row["trial_id"]] = store.read_text(f"{trial}/metrics.jsonl")
+
+    shutil.rmtree(first.exp_dir)  # a machine that never saw the search
+    again = run_search(cfg, None, name="s3search", resume=True, log=None)
+    scores = lambda rows: {r["trial_id"]: (r["status"], r["eval/score"]) for r in rows}  # noqa: E731
+    assert scores(again.rows) == scores(first.rows)
+    assert again.best_config is not None and again.best_config.is_file()
+    for trial_id, text in remote_metrics.items():  # no step trained twice
+        assert store.read_text(f"trials/{trial_id}/metrics.jsonl") == text
+
+
 # ---------------------------------------------------------------- elastic worker counts
 
 
