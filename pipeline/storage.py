@@ -79,6 +79,14 @@ class RunStorage:
         self.path = f"{base}/{run_name}"
         self.uri = f"{self.location}/{run_name}"
 
+    def child(self, name: str) -> "RunStorage":
+        """The folder ``name`` inside this one, on the same filesystem object (no credentials read again)."""
+        import copy
+
+        sub = copy.copy(self)
+        sub.location, sub.path, sub.uri = self.uri, f"{self.path}/{name}", f"{self.uri}/{name}"
+        return sub
+
     # -------------------------------------------------------------- queries
     def _info(self, rel: str):
         import pyarrow.fs as pafs

@@ -56,7 +56,7 @@ class ResumeConflict(ValueError):
         )
 
 
-def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_change: bool = False) -> bool:
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_change: bool = False, store=None) -> bool:
     """Create the run directory and write the resolved config; True when it resumes an earlier run.
 
     A run with checkpoints resumes only under the same training-relevant config (``resume_changes``),
@@ -67,7 +67,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     from pipeline.storage import DRIVER_FILES, WORKER_FILES, run_store
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    store = run_store(cfg, run_dir)
+    store = store or run_store(cfg, run_dir)  # given: a storage folder shipped with its filesystem (a Tune trial)
     if store is not None:  # the run may live only in storage (a fresh cluster): its config and files first
         store.pull(run_dir, sorted({*DRIVER_FILES, *WORKER_FILES}))
     resumed = store.has_checkpoints() if store is not None else (run_dir / RAY_TRAIN_DIR).exists()
@@ -154,7 +154,7 @@ def init_ray(address: str | None = None, log=print, connect_timeout_s: float = 2
         log(f"[ray] {where}: {ray.cluster_resources().get('CPU', 0):g} CPUs, {ray.cluster_resources().get('GPU', 0):g} GPUs")
 
 
-def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | None = None, extra_callbacks=()):
+def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | None = None, extra_callbacks=(), store=None):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as RayRunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -167,7 +167,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
     from pipeline.storage import run_store
 
     d = cfg.distributed
-    store = run_store(cfg, run_dir)
+    store = store or run_store(cfg, run_dir)
     resources = {"CPU": d.cpus_per_worker}
     if d.use_gpu:
         resources["GPU"] = training_worker_gpus(cfg)

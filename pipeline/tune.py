@@ -51,38 +51,45 @@ class SearchOutcome:
 # ---------------------------------------------------------------- inside a trial
 
 
-def _report_callback():
+def _report_callback(max_steps: int):
     """Ray Train callback (runs in the Train controller): forward eval reports to the Tune trial.
 
     Checkpoint-only reports carry no ``eval/score`` (Tune's strict metric check would fail the
-    trial), so only eval reports and the final one go on.
+    trial), so only eval reports and the final one go on. The evaluation of the last step waits
+    for the final report: it comes before that step's checkpoint, and ASHA stops a trial at its
+    ``max_t``, which killed the run before the checkpoint was registered (seen on S3).
     """
     from ray.tune.integration.ray_train import TuneReportCallback
 
     class EvalReportCallback(TuneReportCallback):
         def after_report(self, run_context, metrics, checkpoint):
             row = dict(metrics[0]) if metrics else {}
-            row.pop("done", None)  # Tune reads "done" as "stop this trial now", before the function returns
-            if OBJECTIVE in row:
+            final = bool(row.pop("done", None))  # Tune reads "done" as "stop this trial now", before the function returns
+            if OBJECTIVE in row and (final or row.get(TIME_ATTR, 0) < max_steps):
                 super().after_report(run_context, [row], None)
 
     return EvalReportCallback()
 
 
 def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpace, pool, trials_dir: str,
-               trials_storage: str | None = None) -> None:
-    """One Tune trial: its config (validated), its run directory, the project's TorchTrainer.fit()."""
+               trials_store=None) -> None:
+    """One Tune trial: its config (validated), its run directory, the project's TorchTrainer.fit().
+
+    ``trials_store``: the search's ``trials/`` folder in storage, shipped with the driver's filesystem
+    (as Ray Train ships ``storage_filesystem``), so trial processes need no credentials of their own.
+    """
     from ray import tune
 
-    from pipeline.storage import WORKER_DIRS, run_store
+    from pipeline.storage import WORKER_DIRS
     from pipeline.train import FATAL_FILE, build_trainer, gpu_length_ceiling, prepare_run_dir, raise_if_fatal
 
     trial_id = tune.get_context().get_trial_id()
     cfg = space.trial_config(base, params)
-    cfg.output.root, cfg.output.run_name, cfg.output.storage = trials_dir, trial_id, trials_storage
+    cfg.output.root, cfg.output.run_name = trials_dir, trial_id
+    store = trials_store.child(trial_id) if trials_store is not None else None
+    cfg.output.storage = trials_store.uri if trials_store is not None else None
     run_dir = Path(trials_dir) / trial_id  # stable across --resume: Ray Train resumes from its checkpoints
-    prepare_run_dir(cfg, run_dir, log=None)  # with storage: the trial's files come from there first
-    store = run_store(cfg, run_dir)
+    prepare_run_dir(cfg, run_dir, log=None, store=store)  # with storage: the trial's files come from there first
     if store is not None and not trained(run_dir) and store.exists("adapter/adapter_config.json"):
         store.pull(run_dir, dirs=WORKER_DIRS)
     if trained(run_dir):  # finished before a crash Tune's saved state had not caught up with
@@ -91,7 +98,7 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
             tune.report(last)
         return
     (run_dir / FATAL_FILE).unlink(missing_ok=True)
-    build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[_report_callback()]).fit()
+    build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[_report_callback(cfg.optimization.max_steps)], store=store).fit()
     raise_if_fatal(run_dir)  # a worker stopped on an error a retry cannot fix: the trial errors with it
 
 
@@ -219,7 +226,7 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     pool = start_pool(base, name=f"{name}-pool")
     trainable = tune.with_resources(
         tune.with_parameters(tune_trial, base=base_dict, space=space, pool=pool, trials_dir=str(exp_dir / TRIALS_DIR),
-                             trials_storage=f"{store.uri}/{TRIALS_DIR}" if store else None),
+                             trials_store=store.child(TRIALS_DIR) if store else None),
         tune.PlacementGroupFactory([{"CPU": TRIAL_DRIVER_CPUS}]),
     )
     if log:
@@ -251,7 +258,7 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
 
     trials = saved_trials(tune_path, tune_fs)
     if store is not None:  # trials ran on other nodes: their files, as far as this table needs them
-        pull_trials(f"{store.uri}/{TRIALS_DIR}", [t[0] for t in trials], exp_dir / TRIALS_DIR)
+        pull_trials(store.child(TRIALS_DIR), [t[0] for t in trials], exp_dir / TRIALS_DIR)
     rows, columns, interrupted = collect_rows(trials, space, base_dict, exp_dir)
     results_csv = write_results_csv(rows, columns, exp_dir / RESULTS_CSV)
     best = write_best_config(rows, space, base, name, exp_dir / BEST_CONFIG)
@@ -267,13 +274,10 @@ def experiment_store(cfg: RunConfig, name: str):
     return RunStorage(cfg.output.storage, name) if cfg.output.storage else None
 
 
-def pull_trials(trials_uri: str, trial_ids: Sequence[str], trials_dir: Path) -> None:
+def pull_trials(trials_store, trial_ids: Sequence[str], trials_dir: Path) -> None:
     """Each trial's config, metrics and adapter config from storage into ``trials_dir``, where missing here."""
-    from pipeline.storage import RunStorage
-
     for trial_id in trial_ids:
-        store = RunStorage(trials_uri, trial_id)
-        store.pull(trials_dir / trial_id, ["config.yaml", "metrics.jsonl", "adapter/adapter_config.json"])
+        trials_store.child(trial_id).pull(trials_dir / trial_id, ["config.yaml", "metrics.jsonl", "adapter/adapter_config.json"])
 
 
 def _check_base(base: RunConfig, space: SearchSpace) -> None:
