@@ -17,60 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-BUCKET = "synth-runs"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def s3_server():
-    """moto's S3 server in its own process; the AWS SDK's environment points this process at it.
-
-    Yields the endpoint URL; the bucket ``synth-runs`` exists. Workers get the filesystem pickled
-    from the driver (as Ray Train ships storage_filesystem), so they need no environment of their own.
-    """
-    pytest.importorskip("moto.server", reason="moto[server] is in the test extra")
-    import pyarrow.fs as pafs
-
-    port = _free_port()
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"moto-{port}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_ENDPOINT_URL": endpoint,
-           "AWS_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"moto server did not start (see {log.name})")
-                time.sleep(0.3)
-        fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}",
-                               scheme="http", region="us-east-1", allow_bucket_creation=True)
-        fs.create_dir(BUCKET)
-        yield endpoint
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-
+from tests.conftest import BUCKET, REPO, free_port
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
@@ -92,7 +39,7 @@ def test_unwritable_storage_exits_2_before_ray(s3_server, tmp_path):
 
 
 def test_unreachable_storage_exits_2_before_ray(tmp_path):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     env = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
     proc, seconds = run_cli("train", "--set", f"output.storage=s3://{BUCKET}/runs", "--set",
                             f"output.root={tmp_path}", "--set", "output.run_name=unreachable", env=env)
@@ -158,45 +105,6 @@ def test_zero2_checkpoints_in_s3_and_resume_with_empty_local_dirs(ray_local, s3_
     assert doctor_cli(type("A", (), {"run_dir": store.uri, "json": False})()) == 0
     out = capsys.readouterr()
     assert "metric lines, steps" in out.out and store.uri in out.err
-
-
-@pytest.mark.slow
-def test_search_kept_in_s3_resumes_on_a_machine_without_its_files(ray_local, s3_server, tmp_path):
-    """Tune's experiment state and every trial's checkpoints and files live in the bucket: with the
-    local experiment folder deleted, ``--resume`` restores the search from there and trains nothing again."""
-    from pipeline.config import config_from_dict
-    from pipeline.search_space import parse_space
-    from pipeline.storage import RunStorage
-    from pipeline.tune import run_search
-    from tests.test_tune import small_tune
-
-    storage = f"s3://{BUCKET}/searches"
-    data = small_tune(tmp_path, output={"storage": storage, "save_steps": 2}, eval={"every_steps": 2})
-    data["optimization"]["max_steps"] = 2
-    cfg = config_from_dict(data)
-    space = parse_space({"num_samples": 2, "space": {"optimization.learning_rate": {"choice": [1.0e-3, 1.0e-2]}}}, "space")
-    first = run_search(cfg, space, name="s3search", log=None)
-    assert [r["status"] for r in first.rows] == ["done", "done"], first.rows
-    store = RunStorage(storage, "s3search")
-    files = store.list()
-    for name in ("base_config.yaml", "space.yaml", "results.csv", "best.yaml"):
-        assert name in files, (name, files)
-    assert any(f.startswith("tune/experiment_state") for f in files), files
-    remote_metrics = {}
-    for row in first.rows:
-        trial = f"trials/{row['trial_id']}"
-        for name in ("ray_train/checkpoint_manager_snapshot.json", "metrics.jsonl", "config.yaml", "adapter/adapter_config.json"):
-            assert f"{trial}/{name}" in files, (trial, name, [f for f in files if f.startswith(trial) and "/adapter/" not in f])
-        assert any(f.startswith(f"{trial}/ray_train/checkpoint-000002/") for f in files)
-        remote_metrics[row["trial_id"]] = store.read_text(f"{trial}/metrics.jsonl")
-
-    shutil.rmtree(first.exp_dir)  # a machine that never saw the search
-    again = run_search(cfg, None, name="s3search", resume=True, log=None)
-    scores = lambda rows: {r["trial_id"]: (r["status"], r["eval/score"]) for r in rows}  # noqa: E731
-    assert scores(again.rows) == scores(first.rows)
-    assert again.best_config is not None and again.best_config.is_file()
-    for trial_id, text in remote_metrics.items():  # no step trained twice
-        assert store.read_text(f"trials/{trial_id}/metrics.jsonl") == text
 
 
 # ---------------------------------------------------------------- elastic worker counts

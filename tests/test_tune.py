@@ -351,11 +351,17 @@ def read_csv(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_three_trial_search_results_best_config_and_training_from_it(ray_local, tmp_path, capsys):
+def test_three_trial_search_results_best_config_and_training_from_it(ray_local, s3_server, tmp_path, capsys):
+    """...kept in S3 (moto's server) as well: with the local folder deleted, ``--resume`` restores it from there."""
+    import shutil
+
+    from pipeline.storage import RunStorage
     from pipeline.train import RAY_TRAIN_DIR, run_training
     from pipeline.tune import format_table, run_search
+    from tests.conftest import BUCKET
 
-    cfg = config_from_dict(small_tune(tmp_path))
+    storage = f"s3://{BUCKET}/searches"
+    cfg = config_from_dict(small_tune(tmp_path, output={"storage": storage}))
     cfg.output.run_name = "tiny"
     missing = str(tmp_path / "no-such-model")
     # One model folder fails to load (it passes the config's check, its config.json is broken): that
@@ -390,7 +396,7 @@ def test_three_trial_search_results_best_config_and_training_from_it(ray_local, 
         assert trial_cfg.optimization.per_device_train_batch_size == int(r[BATCH])
         assert trial_cfg.generation_batch_size % int(r[NG]) == 0
         assert (run_dir / "metrics.jsonl").exists() and (run_dir / "samples.jsonl").exists()
-        assert list((run_dir / RAY_TRAIN_DIR).glob("checkpoint-*"))
+        assert not (run_dir / RAY_TRAIN_DIR).exists()  # checkpoints only in the bucket (checked below)
         if r["status"] == "done":
             assert (run_dir / "adapter" / "adapter_config.json").exists()
 
@@ -404,11 +410,35 @@ def test_three_trial_search_results_best_config_and_training_from_it(ray_local, 
     assert math.isclose(best_cfg.rewards.weights["judge"], float(best["rewards.weights.judge"]))
     assert best_cfg.eval.score_weights == cfg.eval.score_weights
 
-    trained_cfg = load_config(out.best_config, ["optimization.max_steps=2", "eval.num_prompts=2"])
+    trained_cfg = load_config(out.best_config, ["optimization.max_steps=2", "eval.num_prompts=2", "output.storage=null"])
     run_dir = tmp_path / trained_cfg.output.run_name
     run_training(trained_cfg, run_dir, log=None)
     assert (run_dir / "adapter" / "adapter_config.json").exists()
     assert [m["step"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in m] == [1, 2]
+
+    # The same search in the bucket: Tune's state, every trial's checkpoints and files, the results.
+    store = RunStorage(storage, out.exp_dir.name)
+    files = store.list()
+    for name in ("base_config.yaml", "space.yaml", "results.csv", "best.yaml"):
+        assert name in files, (name, files)
+    assert any(f.startswith("tune/experiment_state") for f in files), files
+    remote_metrics = {}
+    for r in ok:
+        trial = f"trials/{r['trial_id']}"
+        for name in ("ray_train/checkpoint_manager_snapshot.json", "metrics.jsonl", "config.yaml"):
+            assert f"{trial}/{name}" in files, (trial, name, [f for f in files if f.startswith(trial)])
+        assert any(f.startswith(f"{trial}/{RAY_TRAIN_DIR}/checkpoint-") for f in files)
+        if r["status"] == "done":  # its last checkpoint too: ASHA's stop at max_t waits for the final report
+            assert f"{trial}/{RAY_TRAIN_DIR}/checkpoint-000004/trainer_state.json" in files
+            assert f"{trial}/adapter/adapter_config.json" in files
+        remote_metrics[r["trial_id"]] = store.read_text(f"{trial}/metrics.jsonl")
+    shutil.rmtree(out.exp_dir)  # a machine that never saw the search
+    again = run_search(cfg, None, resume=True, log=None)
+    scores = lambda rs: {x["trial_id"]: (x["status"], x[OBJECTIVE]) for x in rs}  # noqa: E731
+    assert scores(again.rows) == scores(out.rows)
+    assert again.best_config is not None and again.best_config.is_file()
+    for trial_id, text in remote_metrics.items():  # no step trained twice
+        assert store.read_text(f"trials/{trial_id}/metrics.jsonl") == text
 
 
 def trial_states(exp_dir: Path) -> dict[str, str]:
