@@ -200,9 +200,6 @@ class RewardPool:
         """Run a pool coroutine from synchronous code (evaluation, benchmarks)."""
         return asyncio.run(coro)
 
-    def judge_stats(self) -> list[dict[str, float]]:
-        return ray.get([a.stats.remote() for a in self.judges])
-
 
 def judge_actor_options(cfg: RunConfig) -> dict[str, float]:
     """Ray options of one judge actor: resources from ``judge.placement`` (validated in the config).

@@ -533,3 +533,24 @@ def load_judge(
             raise ValueError("judge backend 'self' needs the live policy and its tokenizer (policy=, tokenizer=)")
         return LLMJudge(policy, tokenizer, max_input_tokens, batch_size=batch_size, freeze=False, name="self")
     raise ValueError(f"unknown judge backend {backend!r} (allowed: llm, embedding, self)")
+
+
+class SelfJudge:
+    """The seed's self-judging, reproduced: the live policy scores its own completions.
+
+    The policy is the trainer's model, which exists only once the trainer is built, so ``trainer``
+    is set afterwards and the ``self`` judge is made at the first call.
+    """
+
+    name = "self"
+
+    def __init__(self, tokenizer: Any, max_input_tokens: int, batch_size: int = 64) -> None:
+        self.tokenizer, self.max_input_tokens, self.batch_size = tokenizer, max_input_tokens, batch_size
+        self.trainer: Any = None
+        self._judge: Judge | None = None
+
+    def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
+        if self._judge is None:
+            self._judge = load_judge("self", "", max_input_tokens=self.max_input_tokens, batch_size=self.batch_size,
+                                     policy=self.trainer.model, tokenizer=self.tokenizer)
+        return self._judge.score(questions, references, candidates)
