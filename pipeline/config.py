@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import types
 import typing
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"
@@ -283,29 +285,18 @@ class RunConfig:
 # ---------------------------------------------------------------- building from dicts
 
 
+@functools.cache
+def _adapter(tp: Any) -> TypeAdapter:
+    return TypeAdapter(tp)
+
+
 def _type_ok(value: Any, tp: Any) -> bool:
-    origin = typing.get_origin(tp)
-    if tp is Any:
+    """Pydantic's strict mode: no bool for int, no "1" for 1, an int is a float; lists and dicts item by item."""
+    try:
+        _adapter(tp).validate_python(value, strict=True)
         return True
-    if origin in (Union, types.UnionType):
-        return any(_type_ok(value, a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    if origin is list:
-        (item,) = typing.get_args(tp) or (Any,)
-        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
-    if origin is dict:
-        _, vt = typing.get_args(tp) or (Any, Any)
-        return isinstance(value, dict) and all(_type_ok(v, vt) for v in value.values())
-    return isinstance(value, tp)
+    except ValidationError:
+        return False
 
 
 def _type_name(tp: Any) -> str:
@@ -337,8 +328,6 @@ def _build(cls: type, data: dict[str, Any], prefix: str, problems: list[str]) ->
                 continue
             kwargs[key] = _build(tp, value, f"{name}.", problems)
             continue
-        if isinstance(value, int) and not isinstance(value, bool) and _type_ok(float(value), tp) and not _type_ok(value, tp):
-            value = float(value)
         if not _type_ok(value, tp):
             problems.append(f"{name}: expected {_type_name(tp)}, got {value!r}")
             continue
