@@ -61,6 +61,8 @@ class JudgeWorker(_ActorProcess):
 
     def _count_rows(self, _module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, dict):  # a SentenceTransformer takes its features as one dict
+            ids = ids.get("input_ids")
         if ids is not None and hasattr(ids, "shape"):
             self.largest_forward = max(self.largest_forward, int(ids.shape[0]))
 

@@ -265,6 +265,32 @@ def test_embedding_judge_embeds_each_reference_once_per_group(minilm):
     assert max(abs(x - y) for x, y in zip(got, alone)) < 1e-5
 
 
+def test_embedding_judge_equals_mean_pooling_reference(minilm):
+    """The sentence-transformers judge scores as the hand-written mean pooling it replaced (within 1e-5),
+    truncation at 256 tokens included."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from rewards.judge import packaged_minilm_path
+
+    tok = AutoTokenizer.from_pretrained(packaged_minilm_path())
+    model = AutoModel.from_pretrained(packaged_minilm_path(), dtype=torch.float32).eval()
+
+    def embed(texts):
+        enc = tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+    long = " ".join(german_sentences(80, seed=3))  # far over 256 tokens
+    refs = ["Die Stadt liegt am Rhein."] * 3 + [long, "Goethe schrieb den Faust.", long]
+    cands = ["Am Rhein.", "Die Stadt liegt am Rhein.", long, "Faust", "Schiller", "Die Mauer fiel 1990. " * 40]
+    want = ((1 + (embed(refs) * embed(cands)).sum(-1)) / 2).tolist()
+    got = minilm.score(["?"] * len(refs), refs, cands)
+    assert minilm.max_input_tokens == 256
+    assert max(abs(x - y) for x, y in zip(got, want)) < 1e-5, (got, want)
+
+
 def _sentence(context: str, start: int) -> tuple[str, int]:
     """The sentence of ``context`` holding character ``start``, and its index."""
     bounds = [0] + [m.end() for m in re.finditer(r"[.!?]\s+", context)] + [len(context)]
