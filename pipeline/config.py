@@ -84,6 +84,7 @@ class DataSection:
 @dataclass
 class RewardsSection:
     # TRL reward_weights, one per component. The seed used rouge 0.3, length 0.2, judge 0.5.
+    # Every component is scored and logged at any weight except the judge, scored only above 0.
     weights: dict[str, float] = field(
         default_factory=lambda: {"rouge_l": 0.3, "length": 0.2, "judge": 0.5, "eos": 1.0}
     )
