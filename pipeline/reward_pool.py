@@ -13,7 +13,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import ray
 
@@ -61,7 +61,7 @@ class JudgeWorker(_ActorProcess):
 
     def _count_rows(self, _module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if isinstance(ids, dict):  # a SentenceTransformer takes its features as one dict
+        if isinstance(ids, Mapping):  # a SentenceTransformer takes its features as one mapping
             ids = ids.get("input_ids")
         if ids is not None and hasattr(ids, "shape"):
             self.largest_forward = max(self.largest_forward, int(ids.shape[0]))
