@@ -203,6 +203,14 @@ def test_self_backend_leaves_policy_trainable(tiny_judge):
         load_judge("self", "x")
     with pytest.raises(ValueError, match="unknown judge backend"):
         load_judge("oracle", "x")
+    # SelfJudge: the reward functions hold it before the trainer exists; it judges with trainer.model once set
+    from types import SimpleNamespace
+
+    from rewards.judge import SelfJudge
+
+    late = SelfJudge(tiny_judge.tokenizer, tiny_judge.max_input_tokens)
+    late.trainer = SimpleNamespace(model=policy)
+    assert late.score(q, r, c) == judge.score(q, r, c) and policy.training
 
 
 def test_load_judge_llm_and_chat_template(tiny_judge):
