@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Union
 
 import yaml
 from pydantic import TypeAdapter, ValidationError

@@ -15,7 +15,6 @@ import functools
 import importlib.util
 import json
 import math
-import os
 import re
 import sys
 from dataclasses import dataclass, field
