@@ -58,7 +58,8 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool) -> dict:
     from pipeline.length_control import CompletionLengthControl
     from pipeline.reward_clients import make_pool_reward_funcs
     from pipeline.run_callbacks import Evaluator
-    from pipeline.worker import SelfJudge, build_grpo_trainer, load_policy
+    from pipeline.worker import build_grpo_trainer, load_policy
+    from rewards.judge import SelfJudge
 
     torch.manual_seed(seed)
     torch.set_num_threads(1)

@@ -2,7 +2,9 @@
 
 Ours: `run_training` on an embedded local Ray, one Ray Train worker, the reward pool's actors.
 Plain: TRL's GRPOTrainer in this process with the same model, data, config, seeds and reward
-components (in-process, `rewards.trl_rewards`, the same frozen MiniLM judge), no Ray.
+components, no Ray: the in-process functions of `rewards.trl_rewards` with the same frozen MiniLM
+judge, where ours uses the pool's clients (`pipeline.reward_clients`); both score the components
+`rewards.trl_rewards.scored_components` names, and the table lists what each run logged.
 Seconds per step are HF's `train_runtime / steps` (the training loop only: Ray start-up and model
 loading are reported apart). Both use one torch thread, as the Ray worker does with
 `distributed.cpus_per_worker: 1`.
@@ -25,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from rewards.trl_rewards import COMPONENTS  # noqa: E402
 
 
 def bench_config(steps: int):
@@ -45,6 +48,7 @@ def _train_stats(rows: list[dict], steps: int) -> dict:
         "median_step_time": statistics.median(step_times) if step_times else None,
         "first_reward": train[0]["reward"] if train else None,
         "steps": len(train),
+        "components": [c for c in COMPONENTS if any(f"rewards/{c}/mean" in r for r in train)],
     }
 
 
@@ -121,6 +125,7 @@ def main() -> int:
     for name, r in (("plain TRL (1 process)", plain), ("ours (Ray, 1 worker)", ours)):
         med = f"{r['median_step_time']:.3f}" if r["median_step_time"] is not None else "n/a"
         print(f"{name:24}{r['sec_per_step']:>10.3f}{med:>18}{r['first_reward']:>14.4f}{r['wall_seconds']:>9.1f}")
+    print(f"reward components: plain {', '.join(plain['components'])}; ours {', '.join(ours['components'])}")
     print(f"ray_over_trl_ratio: {result['ray_over_trl_ratio']:.3f}  (aim <= 1.15)")
     return 0
 

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Union
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"
@@ -82,6 +84,7 @@ class DataSection:
 @dataclass
 class RewardsSection:
     # TRL reward_weights, one per component. The seed used rouge 0.3, length 0.2, judge 0.5.
+    # Every component is scored and logged at any weight except the judge, scored only above 0.
     weights: dict[str, float] = field(
         default_factory=lambda: {"rouge_l": 0.3, "length": 0.2, "judge": 0.5, "eos": 1.0}
     )
@@ -287,29 +290,18 @@ class RunConfig:
 # ---------------------------------------------------------------- building from dicts
 
 
+@functools.cache
+def _adapter(tp: Any) -> TypeAdapter:
+    return TypeAdapter(tp)
+
+
 def _type_ok(value: Any, tp: Any) -> bool:
-    origin = typing.get_origin(tp)
-    if tp is Any:
+    """Pydantic's strict mode: no bool for int, no "1" for 1, an int is a float; lists and dicts item by item."""
+    try:
+        _adapter(tp).validate_python(value, strict=True)
         return True
-    if origin in (Union, types.UnionType):
-        return any(_type_ok(value, a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    if origin is list:
-        (item,) = typing.get_args(tp) or (Any,)
-        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
-    if origin is dict:
-        _, vt = typing.get_args(tp) or (Any, Any)
-        return isinstance(value, dict) and all(_type_ok(v, vt) for v in value.values())
-    return isinstance(value, tp)
+    except ValidationError:
+        return False
 
 
 def _type_name(tp: Any) -> str:
@@ -341,8 +333,6 @@ def _build(cls: type, data: dict[str, Any], prefix: str, problems: list[str]) ->
                 continue
             kwargs[key] = _build(tp, value, f"{name}.", problems)
             continue
-        if isinstance(value, int) and not isinstance(value, bool) and _type_ok(float(value), tp) and not _type_ok(value, tp):
-            value = float(value)
         if not _type_ok(value, tp):
             problems.append(f"{name}: expected {_type_name(tp)}, got {value!r}")
             continue
@@ -465,57 +455,56 @@ def resume_changes(saved: dict[str, Any], cfg: RunConfig) -> list[tuple[str, Any
 # ---------------------------------------------------------------- validation
 
 
-def _choice(problems: list[str], name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        problems.append(f"{name}: {value!r} is not one of {', '.join(map(str, allowed))}")
+def _choice(name: str, value: Any, allowed: tuple) -> list[str]:
+    return [] if value in allowed else [f"{name}: {value!r} is not one of {', '.join(map(str, allowed))}"]
 
 
-def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
-    p: list[str] = []
-    o, g, r, j, d, gr = cfg.optimization, cfg.generation, cfg.rewards, cfg.judge, cfg.distributed, cfg.grpo
-    if o.learning_rate <= 0:
-        p.append(f"optimization.learning_rate: {o.learning_rate} must be > 0")
-    for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps"):
-        if getattr(o, name) < 1:
-            p.append(f"optimization.{name}: {getattr(o, name)} must be >= 1")
+def _at_least(section: Any, prefix: str, names: tuple[str, ...], low: int = 1) -> list[str]:
+    return [f"{prefix}.{n}: {getattr(section, n)} must be >= {low}" for n in names if getattr(section, n) < low]
+
+
+# One check per section, as TRL's config classes check theirs in ``__post_init__``; each returns
+# "field: value, what is allowed" lines, and ``validate`` runs them all so every problem shows at once.
+
+
+def _check_optimization(cfg: RunConfig, base_dir: Path | None) -> list[str]:
+    o = cfg.optimization
+    p = [f"optimization.learning_rate: {o.learning_rate} must be > 0"] if o.learning_rate <= 0 else []
+    p += _at_least(o, "optimization", ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps"))
     if not 0 <= o.warmup_ratio < 1:
         p.append(f"optimization.warmup_ratio: {o.warmup_ratio} must be in [0, 1)")
-    _choice(p, "optimization.precision", o.precision, PRECISIONS)
+    p += _choice("optimization.precision", o.precision, PRECISIONS)
     if o.weight_decay < 0:
         p.append(f"optimization.weight_decay: {o.weight_decay} must be >= 0")
-    for name in ("adam_beta1", "adam_beta2"):
-        if not 0 <= getattr(o, name) < 1:
-            p.append(f"optimization.{name}: {getattr(o, name)} must be in [0, 1)")
+    return p + [f"optimization.{n}: {getattr(o, n)} must be in [0, 1)"
+                for n in ("adam_beta1", "adam_beta2") if not 0 <= getattr(o, n) < 1]
 
-    # rewards
-    unknown = [k for k in r.weights if k not in REWARD_COMPONENTS]
-    for k in unknown:
+
+def _check_rewards(cfg: RunConfig, base_dir: Path | None) -> list[str]:
+    r, p = cfg.rewards, []
+    for k in (k for k in r.weights if k not in REWARD_COMPONENTS):
         close = difflib.get_close_matches(k, REWARD_COMPONENTS, n=1)
         p.append(f"rewards.weights.{k}: unknown component" + (f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(REWARD_COMPONENTS)})"))
-    for k, w in r.weights.items():
-        if w < 0:
-            p.append(f"rewards.weights.{k}: {w} must be >= 0")
+    p += [f"rewards.weights.{k}: {w} must be >= 0" for k, w in r.weights.items() if w < 0]
     if r.weights and all(w == 0 for w in r.weights.values()):
         p.append("rewards.weights: all weights are 0; at least one component must count")
     if not r.weights:
         p.append("rewards.weights: empty; give at least one of " + ", ".join(REWARD_COMPONENTS))
-    for name in ("eos_bonus", "truncation_penalty", "overlong_weight", "brevity_weight"):
-        if getattr(r, name) < 0:
-            p.append(f"rewards.{name}: {getattr(r, name)} must be >= 0 (it is applied with its sign)")
-    if r.overlong_buffer < 0:
-        p.append(f"rewards.overlong_buffer: {r.overlong_buffer} must be >= 0")
+    p += [f"rewards.{n}: {getattr(r, n)} must be >= 0 (it is applied with its sign)"
+          for n in ("eos_bonus", "truncation_penalty", "overlong_weight", "brevity_weight") if getattr(r, n) < 0]
+    p += _at_least(r, "rewards", ("overlong_buffer",), 0)
     for k, w in cfg.eval.score_weights.items():
         if k not in REWARD_COMPONENTS:
             p.append(f"eval.score_weights.{k}: unknown component (allowed: {', '.join(REWARD_COMPONENTS)})")
         elif w < 0:
             p.append(f"eval.score_weights.{k}: {w} must be >= 0")
+    return p
 
-    # judge
-    _choice(p, "judge.backend", j.backend, JUDGE_BACKENDS)
-    _choice(p, "judge.placement", j.placement, ("same_gpu", "own_gpu", "none"))
-    for name in ("num_actors", "num_scorer_actors", "max_batch_size", "max_input_tokens"):
-        if getattr(j, name) < 1:
-            p.append(f"judge.{name}: {getattr(j, name)} must be >= 1")
+
+def _check_judge(cfg: RunConfig, base_dir: Path | None) -> list[str]:
+    j, d = cfg.judge, cfg.distributed
+    p = _choice("judge.backend", j.backend, JUDGE_BACKENDS) + _choice("judge.placement", j.placement, ("same_gpu", "own_gpu", "none"))
+    p += _at_least(j, "judge", ("num_actors", "num_scorer_actors", "max_batch_size", "max_input_tokens"))
     if j.cpus_per_actor < 0 or j.gpus_per_actor < 0:
         p.append("judge.cpus_per_actor / judge.gpus_per_actor: must be >= 0")
     elif j.backend == "self":
@@ -534,19 +523,20 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
     elif j.placement == "same_gpu" and d.gpus_per_worker <= j.gpus_per_actor:
         p.append(f"judge.placement: same_gpu with judge.gpus_per_actor {j.gpus_per_actor} >= distributed.gpus_per_worker "
                  f"{d.gpus_per_worker}: the training worker would keep no GPU share")
+    return p
 
-    # generation
+
+def _check_generation(cfg: RunConfig, base_dir: Path | None) -> list[str]:
+    g, o, p = cfg.generation, cfg.optimization, []
     if g.num_generations < 2:
         p.append(f"generation.num_generations: {g.num_generations} must be >= 2 (GRPO compares completions within a group)")
-    elif g.num_generations >= 2 and o.per_device_train_batch_size >= 1 and o.gradient_accumulation_steps >= 1:
-        gbs = cfg.generation_batch_size
-        if gbs % g.num_generations:
-            p.append(
-                f"generation.num_generations: generation batch {gbs} (per_device_train_batch_size "
-                f"{o.per_device_train_batch_size} x num_workers {d.num_workers} x steps_per_generation "
-                f"{g.steps_per_generation or o.gradient_accumulation_steps}) is not divisible by "
-                f"num_generations {g.num_generations} (TRL's rule)"
-            )
+    elif o.per_device_train_batch_size >= 1 and o.gradient_accumulation_steps >= 1 and cfg.generation_batch_size % g.num_generations:
+        p.append(
+            f"generation.num_generations: generation batch {cfg.generation_batch_size} (per_device_train_batch_size "
+            f"{o.per_device_train_batch_size} x num_workers {cfg.distributed.num_workers} x steps_per_generation "
+            f"{g.steps_per_generation or o.gradient_accumulation_steps}) is not divisible by "
+            f"num_generations {g.num_generations} (TRL's rule)"
+        )
     if g.temperature <= 0:
         p.append(f"generation.temperature: {g.temperature} must be > 0")
     mcl = g.max_completion_length
@@ -578,10 +568,12 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
         p.append(f"generation.adaptive.reference_quantile: {a.reference_quantile} must be in [0, 1] (0 = off)")
     if a.ceiling is not None and a.ceiling < max(a.floor, a.start):
         p.append(f"generation.adaptive.ceiling: {a.ceiling} must be >= floor {a.floor} and start {a.start}")
-    _choice(p, "generation.backend", g.backend, ("hf", "vllm"))
+    return p + _choice("generation.backend", g.backend, ("hf", "vllm"))
 
-    # grpo
-    _choice(p, "grpo.loss_type", gr.loss_type, LOSS_TYPES)
+
+def _check_grpo(cfg: RunConfig, base_dir: Path | None) -> list[str]:
+    gr, ds = cfg.grpo, cfg.grpo.dynamic_sampling
+    p = _choice("grpo.loss_type", gr.loss_type, LOSS_TYPES)
     if gr.beta < 0:
         p.append(f"grpo.beta: {gr.beta} must be >= 0")
     if gr.epsilon <= 0:
@@ -590,79 +582,80 @@ def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
         p.append(f"grpo.epsilon_high: {gr.epsilon_high} must be >= epsilon {gr.epsilon}")
     if gr.entropy_coef < 0 or gr.entropy_target < 0:
         p.append("grpo.entropy_coef / grpo.entropy_target: must be >= 0")
-    _choice(p, "grpo.scale_rewards", gr.scale_rewards, ("group", "batch", "none"))
-    ds = gr.dynamic_sampling
-    if ds.min_std < 0:
-        p.append(f"grpo.dynamic_sampling.min_std: {ds.min_std} must be >= 0")
-    if ds.max_rounds < 0:
-        p.append(f"grpo.dynamic_sampling.max_rounds: {ds.max_rounds} must be >= 0")
+    p += _choice("grpo.scale_rewards", gr.scale_rewards, ("group", "batch", "none"))
+    p += _at_least(ds, "grpo.dynamic_sampling", ("min_std", "max_rounds"), 0)
     if ds.oversample < 1:
         p.append(f"grpo.dynamic_sampling.oversample: {ds.oversample} must be >= 1 (prompts per missing group)")
+    return p
 
-    # distributed
-    if d.zero_stage not in (0, 1, 2, 3):
-        p.append(f"distributed.zero_stage: {d.zero_stage} is not one of 0, 1, 2, 3")
+
+def _check_distributed(cfg: RunConfig, base_dir: Path | None) -> list[str]:
     from pipeline.elastic import problems as worker_count_problems
 
-    p.extend(worker_count_problems(cfg))
+    d = cfg.distributed
+    p = _choice("distributed.zero_stage", d.zero_stage, (0, 1, 2, 3)) + worker_count_problems(cfg)
     if d.offload_params and d.zero_stage != 3:
         p.append("distributed.offload_params: parameter offload needs zero_stage 3")
-    if j.backend == "self" and d.zero_stage == 3:
+    if cfg.judge.backend == "self" and d.zero_stage == 3:
         p.append("judge.backend: 'self' scores with the live policy in each worker, which ZeRO-3 shards; "
                  "use zero_stage 0-2 or a frozen judge (llm, embedding)")
-    if (d.offload_optimizer) and d.zero_stage == 0:
+    if d.offload_optimizer and d.zero_stage == 0:
         p.append("distributed.offload_optimizer: optimizer offload needs zero_stage 1-3")
+    return p
 
-    # models: a local folder must hold config.json; anything else must read as a hub id
+
+def _check_models(cfg: RunConfig, base_dir: Path | None) -> list[str]:
+    """A local folder must hold config.json; anything else must read as a hub id."""
+    p = []
     problem = model_reference_problem(cfg.model.name_or_path, base_dir)
     if problem and cfg.model.name_or_path != TINY_POLICY:
         p.append(f"model.name_or_path: {cfg.model.name_or_path!r} {problem}")
-    if j.backend == "llm":
-        problem = model_reference_problem(j.model, base_dir)
-        if problem:
-            p.append(f"judge.model: {j.model!r} {problem}")
+    problem = model_reference_problem(cfg.judge.model, base_dir) if cfg.judge.backend == "llm" else None
+    return p + ([f"judge.model: {cfg.judge.model!r} {problem}"] if problem else [])
 
-    # lora
-    if cfg.lora.enabled and (cfg.lora.r < 1 or cfg.lora.alpha <= 0):
-        p.append(f"lora.r / lora.alpha: {cfg.lora.r} / {cfg.lora.alpha} must be >= 1 / > 0")
-    if not 0 <= cfg.lora.dropout < 1:
-        p.append(f"lora.dropout: {cfg.lora.dropout} must be in [0, 1)")
 
-    # data
+def _check_lora(cfg: RunConfig, base_dir: Path | None) -> list[str]:
+    lo, p = cfg.lora, []
+    if lo.enabled and (lo.r < 1 or lo.alpha <= 0):
+        p.append(f"lora.r / lora.alpha: {lo.r} / {lo.alpha} must be >= 1 / > 0")
+    return p + ([] if 0 <= lo.dropout < 1 else [f"lora.dropout: {lo.dropout} must be in [0, 1)"])
+
+
+def _check_data(cfg: RunConfig, base_dir: Path | None) -> list[str]:
     dd = cfg.data
-    _choice(p, "data.source", dd.source, DATA_SOURCES)
-    if dd.source in ("local", "squad"):
-        if not dd.path:
-            p.append(f"data.path: required for data.source {dd.source!r}")
-        else:
-            resolved = resolve_path(dd.path, base_dir)
-            if not resolved.exists():
-                p.append(f"data.path: {dd.path!r} does not exist")
-    if dd.min_reference_words < 0:
-        p.append(f"data.min_reference_words: {dd.min_reference_words} must be >= 0")
-    if not 0 < dd.eval_fraction < 1:
-        p.append(f"data.eval_fraction: {dd.eval_fraction} must be in (0, 1)")
+    p = _choice("data.source", dd.source, DATA_SOURCES)
+    if dd.source in ("local", "squad") and not dd.path:
+        p.append(f"data.path: required for data.source {dd.source!r}")
+    elif dd.source in ("local", "squad") and not resolve_path(dd.path, base_dir).exists():
+        p.append(f"data.path: {dd.path!r} does not exist")
+    p += _at_least(dd, "data", ("min_reference_words",), 0)
+    return p + ([] if 0 < dd.eval_fraction < 1 else [f"data.eval_fraction: {dd.eval_fraction} must be in (0, 1)"])
 
-    # logging / output / eval
-    for name in ("logging_steps", "samples_every"):
-        if getattr(cfg.logging, name) < 1:
-            p.append(f"logging.{name}: {getattr(cfg.logging, name)} must be >= 1")
-    _choice(p, "logging.console", cfg.logging.console, CONSOLE_MODES)
-    if cfg.output.checkpoints_kept < 1:
-        p.append(f"output.checkpoints_kept: {cfg.output.checkpoints_kept} must be >= 1")
-    if cfg.output.save_steps < 1:
-        p.append(f"output.save_steps: {cfg.output.save_steps} must be >= 1")
-    st = cfg.output.storage
+
+def _check_outputs(cfg: RunConfig, base_dir: Path | None) -> list[str]:
+    """logging, output and eval: how the run is watched and kept."""
+    ev, st = cfg.eval, cfg.output.storage
+    p = _at_least(cfg.logging, "logging", ("logging_steps", "samples_every"))
+    p += _choice("logging.console", cfg.logging.console, CONSOLE_MODES)
+    p += _at_least(cfg.output, "output", ("checkpoints_kept", "save_steps"))
     if st is not None and (not st.strip() or ("://" in st and st.split("://", 1)[0] not in STORAGE_SCHEMES)):
         p.append(f"output.storage: {st!r} must be a path or a URI with one of the schemes "
                  f"{', '.join(s + '://' for s in STORAGE_SCHEMES)}")
-    if cfg.eval.every_steps < 1 or cfg.eval.num_prompts < 0:
+    if ev.every_steps < 1 or ev.num_prompts < 0:
         p.append("eval.every_steps must be >= 1 and eval.num_prompts >= 0")
-    if cfg.eval.samples_per_prompt < 1:
-        p.append(f"eval.samples_per_prompt: {cfg.eval.samples_per_prompt} must be >= 1")
-    if cfg.eval.max_new_tokens is not None and cfg.eval.max_new_tokens < 1:
-        p.append(f"eval.max_new_tokens: {cfg.eval.max_new_tokens} must be >= 1 (or null: the run's largest length)")
+    p += _at_least(ev, "eval", ("samples_per_prompt",))
+    if ev.max_new_tokens is not None and ev.max_new_tokens < 1:
+        p.append(f"eval.max_new_tokens: {ev.max_new_tokens} must be >= 1 (or null: the run's largest length)")
     return p
+
+
+_CHECKS = (_check_optimization, _check_rewards, _check_judge, _check_generation, _check_grpo, _check_distributed,
+           _check_models, _check_lora, _check_data, _check_outputs)
+
+
+def validate(cfg: RunConfig, base_dir: Path | None = None) -> list[str]:
+    """Every problem of ``cfg``, section by section; ``base_dir`` resolves relative paths (the config's folder)."""
+    return [problem for check in _CHECKS for problem in check(cfg, base_dir)]
 
 
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")

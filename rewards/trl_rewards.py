@@ -123,6 +123,22 @@ class EosReward(RewardFunc):
         return eos_component_batch(completion_ids, self.eos_token_ids, int(self.max_len_fn()), **self.eos_kwargs)
 
 
+def scored_components(weights: Mapping[str, float]) -> list[str]:
+    """The components a run scores, in the fixed order rouge_l, length, judge, eos: the one rule for both
+    factories (these in-process functions and the reward pool's clients in ``pipeline.reward_clients``).
+
+    TRL computes every reward function it is given and logs ``rewards/<name>/mean`` for each, whatever
+    its weight. A cheap component (rouge_l, length, eos) is kept even at weight 0 (or absent from
+    ``weights``), so runs and Tune trials with different weights stay comparable and e.g. the EOS rate
+    stays visible. The judge, the one costly component, is scored only at a positive weight; evaluation
+    scores it apart (``eval.score_weights``).
+    """
+    unknown = set(weights) - set(COMPONENTS)
+    if unknown:
+        raise ValueError(f"unknown reward components {sorted(unknown)} (allowed: {', '.join(COMPONENTS)})")
+    return [c for c in COMPONENTS if c != "judge" or float(weights.get(c, 0.0)) > 0]
+
+
 def make_reward_funcs(
     weights: Mapping[str, float],
     judge: Judge | None,
@@ -130,31 +146,11 @@ def make_reward_funcs(
     max_len_fn: Callable[[], int],
     eos_kwargs: Mapping[str, Any],
 ) -> tuple[list[Callable], list[float]]:
-    """Reward functions and their TRL ``reward_weights``, in the fixed order rouge_l, length, judge, eos.
-
-    A cheap component (rouge_l, length, eos) is kept even at weight 0 (or absent from ``weights``):
-    TRL still logs it, so runs and Tune trials with different weights stay comparable and e.g.
-    the EOS rate stays visible. The judge is dropped at weight 0 or when ``judge`` is None,
-    because it is the one costly component; a positive judge weight without a judge is an error.
-    """
-    unknown = set(weights) - set(COMPONENTS)
-    if unknown:
-        raise ValueError(f"unknown reward components {sorted(unknown)} (allowed: {', '.join(COMPONENTS)})")
-    w = {name: float(weights.get(name, 0.0)) for name in COMPONENTS}
-    if w["judge"] and judge is None:
-        raise ValueError(f"reward weight judge={w['judge']} needs a judge (got None)")
-    funcs: list[Callable] = []
-    out: list[float] = []
-    for name in COMPONENTS:
-        if name == "rouge_l":
-            funcs.append(RougeReward())
-        elif name == "length":
-            funcs.append(LengthReward())
-        elif name == "judge":
-            if not w["judge"] or judge is None:
-                continue
-            funcs.append(JudgeReward(judge))
-        else:
-            funcs.append(EosReward(eos_token_ids, max_len_fn, eos_kwargs))
-        out.append(w[name])
-    return funcs, out
+    """Reward functions and their TRL ``reward_weights`` for ``scored_components(weights)``; a positive
+    judge weight without a judge is an error."""
+    names = scored_components(weights)
+    if "judge" in names and judge is None:
+        raise ValueError(f"reward weight judge={float(weights['judge'])} needs a judge (got None)")
+    make = {"rouge_l": RougeReward, "length": LengthReward, "judge": lambda: JudgeReward(judge),
+            "eos": lambda: EosReward(eos_token_ids, max_len_fn, eos_kwargs)}
+    return [make[n]() for n in names], [float(weights.get(n, 0.0)) for n in names]

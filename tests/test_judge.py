@@ -203,6 +203,14 @@ def test_self_backend_leaves_policy_trainable(tiny_judge):
         load_judge("self", "x")
     with pytest.raises(ValueError, match="unknown judge backend"):
         load_judge("oracle", "x")
+    # SelfJudge: the reward functions hold it before the trainer exists; it judges with trainer.model once set
+    from types import SimpleNamespace
+
+    from rewards.judge import SelfJudge
+
+    late = SelfJudge(tiny_judge.tokenizer, tiny_judge.max_input_tokens)
+    late.trainer = SimpleNamespace(model=policy)
+    assert late.score(q, r, c) == judge.score(q, r, c) and policy.training
 
 
 def test_load_judge_llm_and_chat_template(tiny_judge):
@@ -263,6 +271,32 @@ def test_embedding_judge_embeds_each_reference_once_per_group(minilm):
     assert sorted(len(x) for x in calls) == [2, 5]  # two references, five distinct completions
     alone = [minilm.score([a], [b], [d])[0] for a, b, d in zip(q, r, c)]
     assert max(abs(x - y) for x, y in zip(got, alone)) < 1e-5
+
+
+def test_embedding_judge_equals_mean_pooling_reference(minilm):
+    """The sentence-transformers judge scores as the hand-written mean pooling it replaced (within 1e-5),
+    truncation at 256 tokens included."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from rewards.judge import packaged_minilm_path
+
+    tok = AutoTokenizer.from_pretrained(packaged_minilm_path())
+    model = AutoModel.from_pretrained(packaged_minilm_path(), dtype=torch.float32).eval()
+
+    def embed(texts):
+        enc = tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+    long = " ".join(german_sentences(80, seed=3))  # far over 256 tokens
+    refs = ["Die Stadt liegt am Rhein."] * 3 + [long, "Goethe schrieb den Faust.", long]
+    cands = ["Am Rhein.", "Die Stadt liegt am Rhein.", long, "Faust", "Schiller", "Die Mauer fiel 1990. " * 40]
+    want = ((1 + (embed(refs) * embed(cands)).sum(-1)) / 2).tolist()
+    got = minilm.score(["?"] * len(refs), refs, cands)
+    assert minilm.max_input_tokens == 256
+    assert max(abs(x - y) for x, y in zip(got, want)) < 1e-5, (got, want)
 
 
 def _sentence(context: str, start: int) -> tuple[str, int]:

@@ -83,7 +83,9 @@ def test_param_and_lora_counts_equal_numel_of_real_models(tmp_path, kind, kw, ta
     config = _tiny_config(kind, **kw)
     model = AutoModelForCausalLM.from_config(config)
     shape = M.resolve_shape(str(_write_config(tmp_path, config)))
-    assert shape.param_count() == sum(p.numel() for p in model.parameters())
+    assert shape.param_count() == sum(p.numel() for p in model.parameters())  # counted on the empty model
+    # the formula the built-in shapes use is exact too
+    assert M.ModelShape.from_hf_config(config.to_dict(), "test").param_count() == shape.param_count()
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     assert M.lora_param_count(shape, 4, targets) == trainable
@@ -276,6 +278,15 @@ def test_gpu_names_are_forgiving(name, preset):
 def test_tiny_policy_shape_comes_from_pipeline_tiny():
     plan = M.plan_run(load_config(REPO / "configs" / "tiny.yaml"), 24)
     assert plan.fits and plan.inputs["shape_source"].startswith(("pipeline.tiny", "/"))
+
+
+def test_tiny_policy_count_is_exact(tiny_policy):
+    """A local folder (and 'tiny', built) is counted on the empty model: the loaded model's numel, no formula."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_policy).parameters())
+    assert M.resolve_shape(str(tiny_policy)).param_count() == loaded
+    assert M.resolve_shape("tiny").param_count() == loaded
 
 
 # ---------------------------------------------------------------- CLI

@@ -18,6 +18,12 @@ def tiny_llm_path(tmp_path_factory):
     return build_tiny_lm(tmp_path_factory.mktemp("pool-judge"), "left")
 
 
+def _stats(pool) -> list[dict]:
+    import ray
+
+    return ray.get([a.stats.remote() for a in pool.judges])
+
+
 def test_two_judge_actors_never_split_a_group(ray_local, tiny_llm_path):
     from pipeline.reward_pool import start_pool, stop_pool
 
@@ -30,9 +36,9 @@ def test_two_judge_actors_never_split_a_group(ray_local, tiny_llm_path):
     try:
         for sizes in ([3, 6, 2, 5], [1, 1, 7, 1], [5, 4], [16], [2] * 5):
             q, r, c = grouped(sizes, seed=len(sizes))
-            before = [s["scored"] for s in pool.judge_stats()]
+            before = [s["scored"] for s in _stats(pool)]
             got = pool.run(pool.judge(q, r, c))
-            per_actor = [s["scored"] - b for s, b in zip(pool.judge_stats(), before)]
+            per_actor = [s["scored"] - b for s, b in zip(_stats(pool), before)]
             boundaries = set(itertools.accumulate(sizes, initial=0))
             assert sum(per_actor) == len(q) and per_actor[0] in boundaries, (sizes, per_actor)
             if len(sizes) > 1:  # both actors work, as evenly as the groups allow
@@ -40,8 +46,8 @@ def test_two_judge_actors_never_split_a_group(ray_local, tiny_llm_path):
             # in order, and the same scores as one unshared judge on the whole batch
             assert max(abs(x - y) for x, y in zip(got, local.score(q, r, c))) < 1e-4
         # [3, 6, 2, 5]: an even cut (8) would split the second group; the nearest group boundary is 9
-        before = [s["scored"] for s in pool.judge_stats()]
+        before = [s["scored"] for s in _stats(pool)]
         pool.run(pool.judge(*grouped([3, 6, 2, 5])))
-        assert [s["scored"] - b for s, b in zip(pool.judge_stats(), before)] == [9, 7]
+        assert [s["scored"] - b for s, b in zip(_stats(pool), before)] == [9, 7]
     finally:
         stop_pool(pool)

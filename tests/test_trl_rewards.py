@@ -77,6 +77,18 @@ def test_functions_score_a_group(conversational):
         f["rouge_l"](**{k: v for k, v in kw.items() if k != "reference"})
 
 
+@pytest.mark.parametrize("judge_weight", [0.0, 0.5])
+def test_pool_clients_score_the_same_components_as_the_in_process_functions(judge_weight):
+    """One rule (scored_components) for both factories: a judge of weight 0 is scored by neither."""
+    from pipeline.config import load_config
+    from pipeline.reward_clients import eos_kwargs, make_pool_reward_funcs
+
+    cfg = load_config(None, [f"rewards.weights={{rouge_l: 0.5, length: 0.2, judge: {judge_weight}, eos: 1}}"])
+    pool_funcs, pool_weights = make_pool_reward_funcs(None, cfg, [EOS], lambda: 8)
+    funcs, weights = make_reward_funcs(cfg.rewards.weights, FakeJudge(), [EOS], lambda: 8, eos_kwargs(cfg))
+    assert [f.__name__ for f in pool_funcs] == [f.__name__ for f in funcs] and pool_weights == weights
+    assert ("judge" in [f.__name__ for f in funcs]) == (judge_weight > 0)
+
 def test_grpo_trainer_logs_each_component(tmp_path):
     """One real GRPO step on a tiny random Llama: TRL logs rewards/<name>/mean for every component."""
     from datasets import Dataset
