@@ -346,17 +346,49 @@ def _build(cls: type, data: dict[str, Any], prefix: str, problems: list[str]) ->
     return cls(**kwargs)
 
 
+def yaml_number(value: Any) -> float | None:
+    """A YAML number, else None (bools too). PyYAML follows YAML 1.1, which reads ``1e-5`` (no dot)
+    as a string, so a string Python reads as a float counts."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def get_path(data: Any, dotted: str, default: Any = None) -> Any:
+    """``data["a"]["b"]`` for ``"a.b"``; ``default`` where a part is missing or not a mapping."""
+    node = data
+    for part in dotted.split("."):
+        if not isinstance(node, typing.Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def scheduled_length(schedule: list[list[int]], step: int, initial: int) -> int:
+    """``generation.length_schedule``'s length in force at ``step``: the last entry whose step is <= step."""
+    length = initial
+    for at, value in schedule:
+        if step >= at:
+            length = value
+    return length
+
+
 def _parse_scalar(text: str) -> Any:
     """--set values are parsed as YAML scalars/lists: 8 -> int, 1e-5 -> float, [a, b] -> list."""
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
-    if isinstance(value, str):
-        try:  # YAML 1.1 reads "1e-5" as a string
-            return float(value) if any(c.isdigit() for c in value) and value.lower() not in ("nan", "inf") else value
-        except ValueError:
-            return value
+    if isinstance(value, str) and any(c.isdigit() for c in value):  # not "nan", "inf"
+        number = yaml_number(value)
+        return value if number is None else number
     return value
 
 

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from pipeline.config import ConfigError, RunConfig, config_from_dict
+from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path
 from pipeline.search_space import SearchSpace, SpaceError, load_space, parse_space
 
 OBJECTIVE = "eval/score"
@@ -287,10 +287,7 @@ def collect_rows(trials: Sequence[tuple[str, str, dict, Any]], space: SearchSpac
             cfg = space.trial_config(base, params)
             values = cfg.to_dict()
             for k in keys:
-                node: Any = values
-                for part in k.split("."):
-                    node = node.get(part) if isinstance(node, dict) else None
-                row[k] = node
+                row[k] = get_path(values, k)
         except ConfigError as e:
             error = error or "; ".join(e.problems)
         if result.error or status == "ERROR":
@@ -341,10 +338,7 @@ def describe_trial(space: SearchSpace, base: dict[str, Any], params: dict[str, A
         return "invalid: " + "; ".join(e.problems)
     cells = []
     for key in space.searched_keys:
-        node = values
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        cells.append(f"{_short(key)}={_cell(node)}")
+        cells.append(f"{_short(key)}={_cell(get_path(values, key))}")
     return " ".join(cells)
 
 
