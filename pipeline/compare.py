@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.config import REWARD_COMPONENTS
-from pipeline.doctor import CAP, RunDirError, is_train_row, load_run
+from pipeline.diagnosis.run_reader import RunDirError, load_run
+from pipeline.metric_names import CAP_METRIC, is_train_row
 from pipeline.plots import series
 
 # metric -> "max" (higher is better), "min" (lower is better) or None (no better direction)
@@ -25,7 +26,7 @@ TABLE_METRICS: dict[str, str | None] = {
     "entropy": None,
     "completions/clipped_ratio": "min",
     "completions/mean_length": None,
-    CAP: None,
+    CAP_METRIC: None,
 }
 # config keys that differ by construction between any two runs
 IGNORED_CONFIG_KEYS = ("output.root", "output.run_name")
@@ -174,10 +175,10 @@ def plot_families(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
         lines(ax, "completions/clipped_ratio", "clipped ratio (solid) and max completion length (dashed)")
         ax.set_ylim(-0.05, 1.05)
         ax.set_ylabel("clipped ratio")
-        if CAP in keys:
+        if CAP_METRIC in keys:
             ax2 = ax.twinx()
             for i, r in enumerate(runs):
-                xs, ys = series(r.rows, CAP)
+                xs, ys = series(r.rows, CAP_METRIC)
                 if xs:
                     ax2.plot(xs, ys, color=colors[i % 10], linestyle="--", linewidth=1)
             ax2.set_ylabel("cap (tokens)")

@@ -15,8 +15,12 @@ import copy
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.config import RunConfig
+from pipeline.run_files import EVENTS, append_event
+
+if TYPE_CHECKING:  # annotations only: config.validate imports this module
+    from pipeline.config import RunConfig
 
 
 def worker_range(cfg: RunConfig) -> tuple[int, int]:
@@ -99,10 +103,8 @@ def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print
     """Rank 0 at each start of the worker group: an events.jsonl ``workers`` record, ``resize`` when
     the count differs from the one the run last trained on. ``args`` is the trainer's GRPOConfig, so
     the samples per optimizer step recorded are those TRL really uses."""
-    from pipeline.train import append_event
-
     last = None
-    path = Path(run_dir) / "events.jsonl"
+    path = Path(run_dir) / EVENTS
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:

@@ -11,7 +11,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from transformers import TrainerCallback
 
-from pipeline.doctor import Finding, History, RuleSettings, Tracker, _as_dict
+from pipeline.diagnosis.history import History
+from pipeline.diagnosis.rules import Finding, RuleSettings, Tracker, config_dict
 
 COUNTER_NAME = "synth_grpo_health_findings"
 
@@ -23,7 +24,7 @@ class HealthCallback(TrainerCallback):
     def __init__(self, rules: RuleSettings | None = None, config: Any = None, print_fn: Callable[[str], Any] = print,
                  export_ray_metrics: bool = True, only: Iterable[str] | None = None):
         self.settings = rules or RuleSettings()
-        self.config = _as_dict(config)  # RunConfig or its dict: windows scale with max_steps, advice names current values
+        self.config = config_dict(config)  # RunConfig or its dict: windows scale with max_steps, advice names current values
         self.print_fn = print_fn
         self.export_ray_metrics = export_ray_metrics
         self.tracker = Tracker(self.settings, self.config, only)

@@ -13,6 +13,9 @@ from typing import Any, Iterable, Mapping
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from pipeline.diagnosis.rules import config_caps
+from pipeline.metric_names import CAP_METRIC
+
 # which findings are marked on which plot
 _MARKS = {
     "reward": ("reward_plateau", "judge_rouge_divergence"),
@@ -54,9 +57,7 @@ def _mark(ax, findings, names) -> None:
 
 
 def _schedule(ax, rows, config) -> None:
-    from pipeline.doctor import _config_caps
-
-    start, sched = _config_caps(config)
+    start, sched = config_caps(config)
     xs = series(rows, "completions/max_length")[0]
     if not sched or start is None or not xs:
         return
@@ -134,7 +135,7 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         ax = fig.subplots()
         _line(ax, rows, "completions/mean_length", label="mean length")
         _line(ax, rows, "completions/max_length", label="max length")
-        if not _line(ax, rows, "generation/max_completion_length", label="cap (generation)", color="black", linestyle="--"):
+        if not _line(ax, rows, CAP_METRIC, label="cap (generation)", color="black", linestyle="--"):
             _schedule(ax, rows, config)
         ax.set_ylim(bottom=0)
         ax.set_ylabel("tokens")

@@ -18,18 +18,18 @@ SAMPLES = "samples.jsonl"  # completions with their rewards every logging.sample
 EVAL_SAMPLES = "eval_samples.jsonl"  # every held-out answer of every evaluation (eval_samples.py)
 HEALTH = "health.json"  # the live health findings at the end (health.HealthCallback)
 LENGTH_CHANGES = "length_changes.json"  # [step, old, new] of each cap change (length_control)
-ADAPTER = "adapter"  # the trained LoRA adapter (or full weights) and the tokenizer
+ADAPTER_DIR = "adapter"  # the trained LoRA adapter (or full weights) and the tokenizer
 SUMMARY = "summary.txt"  # the driver's summary at the end
-FATAL = "fatal_error.txt"  # written by rank 0 when an error a retry cannot fix stops it (worker.NOT_RETRYABLE)
-RAY_TRAIN = "ray_train"  # Ray Train's storage: its checkpoints (kept K) and checkpoint_manager_snapshot.json
-TRAINER = "trainer"  # the HF Trainer's output_dir (its checkpoints pass through to Ray Train)
+FATAL_FILE = "fatal_error.txt"  # written by rank 0 when an error a retry cannot fix stops it (worker.NOT_RETRYABLE)
+RAY_TRAIN_DIR = "ray_train"  # Ray Train's storage: its checkpoints (kept K) and checkpoint_manager_snapshot.json
+TRAINER_DIR = "trainer"  # the HF Trainer's output_dir (its checkpoints pass through to Ray Train)
 REPORT = "report.md"  # `synth-grpo doctor`'s report, beside its PNG plots
 
 # The run's own files, by who writes them. The driver writes the config and its events before
 # the workers start and the summary after; rank 0 writes the rest while training.
 DRIVER_FILES = (CONFIG, EVENTS)
 WORKER_FILES = (METRICS, SAMPLES, HEALTH, EVENTS, LENGTH_CHANGES)
-WORKER_DIRS = (ADAPTER,)
+WORKER_DIRS = (ADAPTER_DIR,)
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int]]:

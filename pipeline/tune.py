@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import yaml
 
 from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path
+from pipeline.run_files import ADAPTER_DIR, CONFIG, METRICS, read_metrics
 from pipeline.search_space import SearchSpace, SpaceError, load_space, parse_space
 
 OBJECTIVE = "eval/score"
@@ -89,13 +90,11 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
 
 def trained(run_dir: Path) -> bool:
     """The worker saves the adapter only after the last step."""
-    return (run_dir / "adapter" / "adapter_config.json").exists()
+    return (run_dir / ADAPTER_DIR / "adapter_config.json").exists()
 
 
 def last_eval(run_dir: Path) -> dict[str, Any]:
-    from pipeline.run_callbacks import read_metrics
-
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if OBJECTIVE in r]
+    rows = [r for r in read_metrics(run_dir / METRICS) if OBJECTIVE in r]
     return {k: v for k, v in rows[-1].items() if isinstance(v, (int, float))} if rows else {}
 
 
@@ -357,7 +356,7 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
     best = next((r for r in rows if r[OBJECTIVE] is not None and r["status"] != "error"), None)
     if best is None:
         return None
-    params = yaml.safe_load((Path(best["run_dir"]) / "config.yaml").read_text(encoding="utf-8"))
+    params = yaml.safe_load((Path(best["run_dir"]) / CONFIG).read_text(encoding="utf-8"))
     cfg = config_from_dict(params)
     cfg.output.root, cfg.output.run_name = base.output.root, f"{name}-best"
     header = (f"# best trial {best['trial_id']} of search {name}: {OBJECTIVE} {best[OBJECTIVE]:.4f} at step "
