@@ -376,3 +376,17 @@ class RayTrainReporter(TrainerCallback):
             should_log = tr.control.should_log
             tr.callback_handler.on_log(tr.args, state, tr.control, logs={"checkpoint/seconds": round(seconds, 3)})
             tr.control.should_log = should_log
+
+
+def training_callbacks(*, length_control, samples, health, events, metrics, reporter, evaluator, sync=None) -> list:
+    """The worker's callbacks in the order the trainer must call them (HF calls them in list order).
+
+    They share one ``logs`` dict per logged step, and the length control writes the cap that step was
+    generated under (``generation/max_completion_length``) into it: it comes first, so the samples,
+    the health rules, metrics.jsonl and Ray Train's reports all see the cap. ``events`` writes the
+    length control's cap changes and the health callback's findings to events.jsonl: it comes after
+    both, so each is recorded at the step it happened. The storage sync uploads the files the others
+    wrote: last.
+    """
+    out = [length_control, samples, health, events, metrics, reporter, evaluator]
+    return out + ([sync] if sync is not None else [])

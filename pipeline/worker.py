@@ -229,7 +229,8 @@ def train_loop_per_worker(config: dict) -> None:
     from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl
     from pipeline.reward_clients import make_pool_reward_funcs
-    from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter
+    from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks
+    from pipeline.storage import sync_callback
 
     rank = ray.train.get_context().get_world_rank()
     is_rank0 = rank == 0
@@ -268,13 +269,14 @@ def train_loop_per_worker(config: dict) -> None:
     evaluator.samples_path = run_dir / EVAL_SAMPLES if is_rank0 else None
     events = RunEvents(run_dir, length_ctl, health)
     reporter = RayTrainReporter()
-    callbacks = [length_ctl, samples, health, events, metrics, reporter, evaluator]
     sync = None
     if is_rank0 and store is not None:  # the run's files follow it to storage, uploaded in a thread
-        from pipeline.storage import RunFileSync, sync_callback
+        from pipeline.storage import RunFileSync
 
         sync = RunFileSync(store, run_dir)
-        callbacks.append(sync_callback(sync))
+    callbacks = training_callbacks(length_control=length_ctl, samples=samples, health=health, events=events,
+                                   metrics=metrics, reporter=reporter, evaluator=evaluator,
+                                   sync=None if sync is None else sync_callback(sync))
     trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0)
     quiet_worker(trainer, cfg.logging.console)
     length_ctl.bind(trainer)
