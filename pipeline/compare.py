@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from pipeline.config import REWARD_COMPONENTS
 from pipeline.diagnosis.run_reader import RunDirError, load_run
 from pipeline.metric_names import CAP_METRIC, is_train_row
-from pipeline.plots import series
+from pipeline.plots import save_png, series
 
 # metric -> "max" (higher is better), "min" (lower is better) or None (no better direction)
 TABLE_METRICS: dict[str, str | None] = {
@@ -130,7 +130,6 @@ def markdown_table(runs: list[RunData], images: Mapping[str, Path] | None = None
 def plot_families(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
     """reward.png (total and each component), entropy.png, clipped.png (clipped ratio and the cap),
     eval.png (eval/score); one line per run, each only when some run logged it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     colors = [f"C{i}" for i in range(10)]
@@ -138,11 +137,7 @@ def plot_families(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
     written: dict[str, Path] = {}
 
     def save(fig, name: str) -> None:
-        FigureCanvasAgg(fig)
-        fig.tight_layout()
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=100)
-        written[name] = path
+        written[name] = save_png(fig, out_dir / f"{name}.png")
 
     def lines(ax, key: str, title: str, **kw) -> None:
         for i, r in enumerate(runs):

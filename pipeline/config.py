@@ -371,6 +371,18 @@ def get_path(data: Any, dotted: str, default: Any = None) -> Any:
     return node
 
 
+def set_path(data: dict, dotted: str, value: Any) -> str | None:
+    """``data["a"]["b"] = value`` for ``"a.b"``, creating missing groups; the part that is not a group, else None."""
+    *groups, last = dotted.split(".")
+    node = data
+    for part in groups:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            return part
+    node[last] = value
+    return None
+
+
 def scheduled_length(schedule: list[list[int]], step: int, initial: int) -> int:
     """``generation.length_schedule``'s length in force at ``step``: the last entry whose step is <= step."""
     length = initial
@@ -402,14 +414,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], problems: list[s
         if len(keys) < 2 or not all(keys):
             problems.append(f"--set {item!r}: expected group.key=value (for example optimization.learning_rate=1e-5)")
             continue
-        node = data
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                problems.append(f"--set {path}: '{k}' is not a group")
-                break
-        else:
-            node[keys[-1]] = _parse_scalar(raw)
+        not_group = set_path(data, path.strip(), _parse_scalar(raw))
+        if not_group:
+            problems.append(f"--set {path}: '{not_group}' is not a group")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

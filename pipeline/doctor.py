@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from pipeline.diagnosis.history import History
-from pipeline.diagnosis.report import doctor, findings_json, findings_text, input_warnings, write_report
+from pipeline.diagnosis.report import doctor, findings_text, input_warnings, write_report
 from pipeline.diagnosis.rules import RULES, Finding, RuleSettings, Tracker, check, diagnose
 from pipeline.diagnosis.run_reader import Run, RunDirError, load_run
 
@@ -38,7 +38,7 @@ def doctor_cli(args) -> int:
     for line in input_warnings(run):
         err(line)
     if getattr(args, "json", False):
-        print(findings_json(findings))
+        print(Finding.to_json(findings))
         err(f"wrote {report} and {len(plots)} plots")
         return 0
     print(findings_text(run, findings, report, plots))

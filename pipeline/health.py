@@ -4,7 +4,6 @@ At the end (``write``) each finding is marked active, or resolved when it no lon
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -56,7 +55,7 @@ class HealthCallback(TrainerCallback):
         active, or resolved with the last step it held, on the history seen so far."""
         self.tracker.settle(self.history)
         path = Path(path)
-        path.write_text(json.dumps([f.to_dict() for f in self.findings], indent=1) + "\n", encoding="utf-8")
+        path.write_text(Finding.to_json(self.findings) + "\n", encoding="utf-8")
         return path
 
     def _count(self, rule: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Union
 
 import yaml
 
-from pipeline.config import REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict, get_path, yaml_number
+from pipeline.config import REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict, get_path, set_path, yaml_number
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint")
 SIMPLEX = "simplex"
@@ -135,9 +135,9 @@ class SearchSpace:
         """Base config + sampled values, batch size fitted to the group, validated (raises ConfigError)."""
         data = copy.deepcopy(base)
         for d in self.params:
-            _set_path(data, d.key, _plain(params[d.key]) if d.key in params else d.args[0])
+            set_path(data, d.key, _plain(params[d.key]) if d.key in params else d.args[0])
         for s in self.simplexes:
-            _set_path(data, s.key, s.weights(params, dict(get_path(data, s.key) or {})))
+            set_path(data, s.key, s.weights(params, dict(get_path(data, s.key) or {})))
         fit_batch_to_groups(data)
         return config_from_dict(data)
 
@@ -192,14 +192,6 @@ def fit_batch_to_groups(data: dict[str, Any]) -> int | None:
 def _plain(value: Any) -> Any:
     """numpy scalars from Tune's samplers -> Python numbers (config validation checks types)."""
     return value.item() if hasattr(value, "item") and not isinstance(value, (list, dict, str)) else value
-
-
-def _set_path(data: dict, key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
 
 
 def _weights_dict(tp: Any) -> bool:

@@ -116,3 +116,13 @@ def test_the_checks_fail_on_a_cycle_a_private_import_and_a_report_import(tmp_pat
     assert reachable(graph, "pipeline.health") == {"pipeline.plots"}  # and no cycle back: TYPE_CHECKING is skipped
     del graph["pipeline.a"]
     assert find_cycle(graph) is None
+
+
+def test_every_subpackage_is_installed():
+    """pyproject.toml lists its packages by name: a subpackage missing there works in this checkout
+    but not where the project is installed (a cluster node)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for pkg in PACKAGES for p in (REPO / pkg).rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)

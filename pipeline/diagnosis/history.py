@@ -60,9 +60,6 @@ class History:
             self._siv[k].append(self._siv[k][-1] + x * (v or 0.0))
         return True
 
-    def has(self, key: str) -> bool:
-        return key in self._raw
-
     def keys(self) -> list[str]:
         return list(self._raw)
 

@@ -84,11 +84,6 @@ def input_warnings(run: Run) -> list[str]:
     return out
 
 
-def findings_json(findings: list[Finding]) -> str:
-    """`--json`: the findings' to_dict() (health.json has the same format)."""
-    return json.dumps([f.to_dict() for f in findings], indent=1)
-
-
 def findings_text(run: Run, findings: list[Finding], report: Path, plots: Mapping[str, Path]) -> str:
     """What `synth-grpo doctor` prints: the run in one line, each finding with why and what to change, the files."""
     steps = [int(r["step"]) for r in run.rows if number(r.get("step")) is not None]

@@ -7,8 +7,7 @@ steps what is wrong, with the numbers they saw and the config key to change.
 Rules are pure functions ``rule(history, end, settings, config) -> Finding | None`` that judge
 the first ``end`` logged steps. ``diagnose`` replays a whole run and reports the step at which
 each rule would first have fired live, so the doctor and the live callback
-(``pipeline.health.HealthCallback``) agree. Window sums are kept as prefix sums, so a check is
-O(1)/O(window) and a replay of a long run stays linear.
+(``pipeline.health.HealthCallback``) agree (``Tracker``).
 """
 
 from __future__ import annotations
@@ -75,6 +74,11 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @staticmethod
+    def to_json(findings: Iterable[Finding]) -> str:
+        """The findings as `synth-grpo doctor --json` prints them and health.json holds them."""
+        return json.dumps([f.to_dict() for f in findings], indent=1)
 
     @property
     def resolved(self) -> bool:
