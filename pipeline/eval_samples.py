@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipeline.run_files import EVAL_SAMPLES, read_jsonl
+from pipeline.run_files import EVAL_SAMPLES, read_metrics
 
 SHOWN = 2  # best and worst answers shown per evaluation
 
@@ -82,10 +82,7 @@ def markdown(step: int, answers: Sequence[Mapping[str, Any]], n: int = SHOWN) ->
 
 def report_section(run_dir: Path) -> list[str]:
     """Markdown for the doctor's report.md: the best and worst answers of the first and last evaluation."""
-    path = Path(run_dir) / EVAL_SAMPLES
-    if not path.is_file():
-        return []
-    evals = by_evaluation(read_jsonl(path)[0])
+    evals = by_evaluation(read_metrics(Path(run_dir) / EVAL_SAMPLES))
     if not evals:
         return []
     steps = sorted(evals)

@@ -1,5 +1,5 @@
-"""The doctor's report: report.md (findings, metric summary, held-out samples, plots) and the
-text and JSON the `synth-grpo doctor` command prints."""
+"""The doctor's report: report.md (findings, metric summary, held-out samples, plots) and the text
+`synth-grpo doctor` prints (its ``--json`` is ``Finding.to_json``)."""
 
 from __future__ import annotations
 
