@@ -41,7 +41,9 @@ def bench_config(steps: int):
 
 def _train_stats(rows: list[dict], steps: int) -> dict:
     final = next(r for r in reversed(rows) if "train_runtime" in r)
-    train = [r for r in rows if "reward" in r and "train_runtime" not in r]
+    from pipeline.metric_names import is_train_row
+
+    train = [r for r in rows if is_train_row(r)]
     step_times = [r["step_time"] for r in train[2:] if "step_time" in r]
     return {
         "sec_per_step": final["train_runtime"] / steps,
@@ -86,7 +88,7 @@ def run_plain(steps: int, workdir: Path) -> dict:
 def run_ours(steps: int, workdir: Path) -> dict:
     import ray
 
-    from pipeline.run_callbacks import read_metrics
+    from pipeline.run_files import METRICS, read_metrics
     from pipeline.train import prepare_run_dir, run_training
 
     cfg = bench_config(steps)
@@ -98,7 +100,7 @@ def run_ours(steps: int, workdir: Path) -> dict:
     run_training(cfg, run_dir, log=None)
     wall = time.perf_counter() - t0
     ray.shutdown()
-    stats = _train_stats(read_metrics(run_dir / "metrics.jsonl"), steps)
+    stats = _train_stats(read_metrics(run_dir / METRICS), steps)
     return {**stats, "wall_seconds": wall}
 
 

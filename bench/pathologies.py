@@ -51,7 +51,9 @@ def _sd(xs: list[float]) -> float | None:
 
 def cap_changes(train: list[dict], band: tuple[float, float] | None) -> dict:
     """How often the cap moved, and how often after the clipped ratio (8-step running mean) entered the band."""
-    caps = [(r["step"], r["generation/max_completion_length"]) for r in train if "generation/max_completion_length" in r]
+    from pipeline.metric_names import CAP_METRIC
+
+    caps = [(r["step"], r[CAP_METRIC]) for r in train if CAP_METRIC in r]
     moves = [s for (s, c), (_, prev) in zip(caps[1:], caps) if c != prev]
     entered = None
     if band:
@@ -67,9 +69,10 @@ def cap_changes(train: list[dict], band: tuple[float, float] | None) -> dict:
 
 def summarize_run(rows: list[dict], config, seconds: float) -> dict:
     """The benchmark's figures from a run's metrics.jsonl rows."""
-    from pipeline.doctor import diagnose
+    from pipeline.diagnosis.rules import diagnose
+    from pipeline.metric_names import CAP_METRIC, is_train_row
 
-    train = [r for r in rows if "reward" in r and "train_runtime" not in r]
+    train = [r for r in rows if is_train_row(r)]
     evals = [r for r in rows if "eval/score" in r]
     n = len(train)
     tail = train[int(n * 0.8):] or train
@@ -98,8 +101,7 @@ def summarize_run(rows: list[dict], config, seconds: float) -> dict:
         "frac_reward_zero_std": _mean([r.get("frac_reward_zero_std") for r in train]),
         "clip_ratio_region": _mean([r.get("clip_ratio/region_mean") for r in train]),
         "reward_std": _mean([r.get("reward_std") for r in train]),
-        "cap_trajectory": [[r["step"], r["generation/max_completion_length"]] for r in train
-                           if "generation/max_completion_length" in r][:: max(1, n // 12)],
+        "cap_trajectory": [[r["step"], r[CAP_METRIC]] for r in train if CAP_METRIC in r][:: max(1, n // 12)],
         **cap_changes(train, (a.band_low, a.band_high) if config.adaptive_length else None),
         "findings": [f.rule for f in findings],
         "sec_per_step": seconds / n if n else None,
@@ -110,7 +112,7 @@ def summarize_run(rows: list[dict], config, seconds: float) -> dict:
 def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval_samples: int,
             eval_every: int | None = None) -> dict:
     from pipeline.config import load_config
-    from pipeline.run_callbacks import read_metrics
+    from pipeline.run_files import METRICS, read_metrics
     from pipeline.train import prepare_run_dir, run_training
 
     cfg = load_config(RUNS[name], [
@@ -123,7 +125,7 @@ def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval
     prepare_run_dir(cfg, run_dir, log=None)
     t0 = time.perf_counter()
     run_training(cfg, run_dir, log=None)
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir / METRICS)
     final = next((r for r in reversed(rows) if "train_runtime" in r), None)
     seconds = final["train_runtime"] if final else time.perf_counter() - t0
     return summarize_run(rows, cfg, seconds)

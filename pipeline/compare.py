@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.config import REWARD_COMPONENTS
-from pipeline.doctor import CAP, RunDirError, is_train_row, load_run
-from pipeline.plots import series
+from pipeline.diagnosis.run_reader import RunDirError, load_run
+from pipeline.metric_names import CAP_METRIC, is_train_row
+from pipeline.plots import save_png, series
 
 # metric -> "max" (higher is better), "min" (lower is better) or None (no better direction)
 TABLE_METRICS: dict[str, str | None] = {
@@ -25,7 +26,7 @@ TABLE_METRICS: dict[str, str | None] = {
     "entropy": None,
     "completions/clipped_ratio": "min",
     "completions/mean_length": None,
-    CAP: None,
+    CAP_METRIC: None,
 }
 # config keys that differ by construction between any two runs
 IGNORED_CONFIG_KEYS = ("output.root", "output.run_name")
@@ -129,7 +130,6 @@ def markdown_table(runs: list[RunData], images: Mapping[str, Path] | None = None
 def plot_families(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
     """reward.png (total and each component), entropy.png, clipped.png (clipped ratio and the cap),
     eval.png (eval/score); one line per run, each only when some run logged it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     colors = [f"C{i}" for i in range(10)]
@@ -137,11 +137,7 @@ def plot_families(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
     written: dict[str, Path] = {}
 
     def save(fig, name: str) -> None:
-        FigureCanvasAgg(fig)
-        fig.tight_layout()
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=100)
-        written[name] = path
+        written[name] = save_png(fig, out_dir / f"{name}.png")
 
     def lines(ax, key: str, title: str, **kw) -> None:
         for i, r in enumerate(runs):
@@ -174,10 +170,10 @@ def plot_families(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
         lines(ax, "completions/clipped_ratio", "clipped ratio (solid) and max completion length (dashed)")
         ax.set_ylim(-0.05, 1.05)
         ax.set_ylabel("clipped ratio")
-        if CAP in keys:
+        if CAP_METRIC in keys:
             ax2 = ax.twinx()
             for i, r in enumerate(runs):
-                xs, ys = series(r.rows, CAP)
+                xs, ys = series(r.rows, CAP_METRIC)
                 if xs:
                     ax2.plot(xs, ys, color=colors[i % 10], linestyle="--", linewidth=1)
             ax2.set_ylabel("cap (tokens)")

@@ -340,17 +340,61 @@ def _build(cls: type, data: dict[str, Any], prefix: str, problems: list[str]) ->
     return cls(**kwargs)
 
 
+def yaml_number(value: Any) -> float | None:
+    """A YAML number, else None (bools too). PyYAML follows YAML 1.1, which reads ``1e-5`` (no dot)
+    as a string, so a string Python reads as a float counts."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def get_path(data: Any, dotted: str, default: Any = None) -> Any:
+    """``data["a"]["b"]`` for ``"a.b"``; ``default`` where a part is missing or not a mapping."""
+    node = data
+    for part in dotted.split("."):
+        if not isinstance(node, typing.Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_path(data: dict, dotted: str, value: Any) -> str | None:
+    """``data["a"]["b"] = value`` for ``"a.b"``, creating missing groups; the part that is not a group, else None."""
+    *groups, last = dotted.split(".")
+    node = data
+    for part in groups:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            return part
+    node[last] = value
+    return None
+
+
+def scheduled_length(schedule: list[list[int]], step: int, initial: int) -> int:
+    """``generation.length_schedule``'s length in force at ``step``: the last entry whose step is <= step."""
+    length = initial
+    for at, value in schedule:
+        if step >= at:
+            length = value
+    return length
+
+
 def _parse_scalar(text: str) -> Any:
     """--set values are parsed as YAML scalars/lists: 8 -> int, 1e-5 -> float, [a, b] -> list."""
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
-    if isinstance(value, str):
-        try:  # YAML 1.1 reads "1e-5" as a string
-            return float(value) if any(c.isdigit() for c in value) and value.lower() not in ("nan", "inf") else value
-        except ValueError:
-            return value
+    if isinstance(value, str) and any(c.isdigit() for c in value):  # not "nan", "inf"
+        number = yaml_number(value)
+        return value if number is None else number
     return value
 
 
@@ -364,14 +408,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], problems: list[s
         if len(keys) < 2 or not all(keys):
             problems.append(f"--set {item!r}: expected group.key=value (for example optimization.learning_rate=1e-5)")
             continue
-        node = data
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                problems.append(f"--set {path}: '{k}' is not a group")
-                break
-        else:
-            node[keys[-1]] = _parse_scalar(raw)
+        not_group = set_path(data, path.strip(), _parse_scalar(raw))
+        if not_group:
+            problems.append(f"--set {path}: '{not_group}' is not a group")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -30,17 +30,15 @@ from typing import Any, Callable, Iterator, Mapping, TextIO
 from transformers import TrainerCallback
 
 from pipeline.config import CONSOLE_MODES  # noqa: F401  (re-exported: the modes this module draws)
-from pipeline.doctor import CAP, is_train_row
-from pipeline.train import append_event
+from pipeline.metric_names import CAP_METRIC, is_train_row
+from pipeline.run_files import EVENTS, METRICS, append_event
 
-EVENTS = "events.jsonl"
-METRICS = "metrics.jsonl"
 HEADER_EVERY = 20  # table rows between repeated headers
 # (column title, metrics key, width, decimals)
 TABLE = [
     ("reward", "reward", 7, 3), ("rouge_l", "rewards/rouge_l/mean", 7, 3), ("judge", "rewards/judge/mean", 6, 3),
     ("eos", "rewards/eos/mean", 6, 3), ("entropy", "entropy", 7, 3), ("clipped", "completions/clipped_ratio", 7, 2),
-    ("len", "completions/mean_length", 5, 1), ("cap", CAP, 4, 0),
+    ("len", "completions/mean_length", 5, 1), ("cap", CAP_METRIC, 4, 0),
 ]
 
 
@@ -125,7 +123,7 @@ class ConsoleRenderer:
         if "eval/score" in row:
             self.last_eval = row.get("eval/score")
             self._write(format_eval(row))
-        elif is_train_row(row) and "train_runtime" not in row:
+        elif is_train_row(row):
             self.logged += 1
             self.last = dict(row)
             step = int(row.get("step", self.logged))
@@ -171,7 +169,7 @@ class ConsoleRenderer:
         step = r.get("step", 0)
         parts = [f"step {step}/{self.total}", f"reward {_f(r.get('reward'))}", f"eval/score {_f(self.last_eval)}",
                  f"entropy {_f(r.get('entropy'))}", f"clipped {_f(r.get('completions/clipped_ratio'), 2)}",
-                 f"cap {_f(r.get(CAP), 0)}"]
+                 f"cap {_f(r.get(CAP_METRIC), 0)}"]
         sps = self.sec_per_step()
         if sps:
             parts += [f"{sps:.2f} s/step", f"ETA {_duration(sps * max(0, self.total - int(step)))}"]

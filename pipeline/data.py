@@ -60,10 +60,14 @@ def synth_record(row: Any, language: str | None) -> tuple[dict | None, str | Non
     lang = row.get("language")
     if language and lang is not None and lang != language:
         return None, "wrong_language"
-    rid = row.get("synth_id")
-    rid = str(rid) if rid not in (None, "") else hashlib.sha1(f"{q}\x00{a}".encode()).hexdigest()[:16]
+    rid = row_id(row.get("synth_id"), q, a)
     context = _text(row.get("query_seed_text")) or "" if row.get("exercise") in CONTEXT_EXERCISES else ""
     return {"id": rid, "question": q, "reference": a, "context": context}, None
+
+
+def row_id(given: Any, question: str, answer: str) -> str:
+    """The row's own id, else a stable one from its text (the same row keeps its id, so its split)."""
+    return str(given) if given not in (None, "") else hashlib.sha1(f"{question}\x00{answer}".encode()).hexdigest()[:16]
 
 
 def _read_jsonl(path: Path, report: SkipReport) -> Iterator[Any]:
@@ -141,7 +145,7 @@ def squad_records(path: Path, report: SkipReport, max_context_chars: int) -> Ite
                     elif not a:
                         report.skipped["missing_answer"] += 1
                     else:
-                        rid = str(qa.get("id") or hashlib.sha1(f"{q}\x00{a}".encode()).hexdigest()[:16])
+                        rid = row_id(qa.get("id") or None, q, a)
                         yield {"id": rid, "question": q, "reference": a, "context": context[:max_context_chars]}
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.config import RunConfig
+from pipeline.run_files import EVENTS, append_event, read_metrics
+
+if TYPE_CHECKING:  # annotations only: config.validate imports this module
+    from pipeline.config import RunConfig
 
 
 def worker_range(cfg: RunConfig) -> tuple[int, int]:
@@ -99,18 +102,10 @@ def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print
     """Rank 0 at each start of the worker group: an events.jsonl ``workers`` record, ``resize`` when
     the count differs from the one the run last trained on. ``args`` is the trainer's GRPOConfig, so
     the samples per optimizer step recorded are those TRL really uses."""
-    from pipeline.train import append_event
-
     last = None
-    path = Path(run_dir) / "events.jsonl"
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(e, dict) and e.get("event") in ("workers", "resize"):
-                last = e.get("num_workers")
+    for e in read_metrics(Path(run_dir) / EVENTS):
+        if e.get("event") in ("workers", "resize"):
+            last = e.get("num_workers")
     fields = dict(num_workers=world_size, step=step, gradient_accumulation_steps=args.gradient_accumulation_steps,
                   samples_per_step=args.per_device_train_batch_size * world_size * args.gradient_accumulation_steps,
                   generation_batch_size=args.generation_batch_size)

@@ -9,7 +9,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-FILE = "eval_samples.jsonl"
+from pipeline.run_files import EVAL_SAMPLES, read_metrics
+
 SHOWN = 2  # best and worst answers shown per evaluation
 
 
@@ -81,19 +82,14 @@ def markdown(step: int, answers: Sequence[Mapping[str, Any]], n: int = SHOWN) ->
 
 def report_section(run_dir: Path) -> list[str]:
     """Markdown for the doctor's report.md: the best and worst answers of the first and last evaluation."""
-    from pipeline.doctor import read_metrics
-
-    path = Path(run_dir) / FILE
-    if not path.is_file():
-        return []
-    evals = by_evaluation(read_metrics(path)[0])
+    evals = by_evaluation(read_metrics(Path(run_dir) / EVAL_SAMPLES))
     if not evals:
         return []
     steps = sorted(evals)
     picked = [steps[0]] + ([steps[-1]] if steps[-1] != steps[0] else [])
     out = ["", "## Held-out samples", "",
            f"The best and worst {SHOWN} held-out answers of the first and last evaluation ({len(steps)} in all), "
-           f"each with its component scores and its `eval/score` (`{FILE}` holds every answer of every evaluation)."]
+           f"each with its component scores and its `eval/score` (`{EVAL_SAMPLES}` holds every answer of every evaluation)."]
     for step in picked:
         answers = evals[step]
         mean = sum(r["score"] for r in answers) / len(answers)

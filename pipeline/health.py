@@ -4,14 +4,14 @@ At the end (``write``) each finding is marked active, or resolved when it no lon
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from transformers import TrainerCallback
 
-from pipeline.doctor import Finding, History, RuleSettings, Tracker, _as_dict
+from pipeline.diagnosis.history import History
+from pipeline.diagnosis.rules import Finding, RuleSettings, Tracker, config_dict
 
 COUNTER_NAME = "synth_grpo_health_findings"
 
@@ -23,7 +23,7 @@ class HealthCallback(TrainerCallback):
     def __init__(self, rules: RuleSettings | None = None, config: Any = None, print_fn: Callable[[str], Any] = print,
                  export_ray_metrics: bool = True, only: Iterable[str] | None = None):
         self.settings = rules or RuleSettings()
-        self.config = _as_dict(config)  # RunConfig or its dict: windows scale with max_steps, advice names current values
+        self.config = config_dict(config)  # RunConfig or its dict: windows scale with max_steps, advice names current values
         self.print_fn = print_fn
         self.export_ray_metrics = export_ray_metrics
         self.tracker = Tracker(self.settings, self.config, only)
@@ -55,7 +55,7 @@ class HealthCallback(TrainerCallback):
         active, or resolved with the last step it held, on the history seen so far."""
         self.tracker.settle(self.history)
         path = Path(path)
-        path.write_text(json.dumps([f.to_dict() for f in self.findings], indent=1) + "\n", encoding="utf-8")
+        path.write_text(Finding.to_json(self.findings) + "\n", encoding="utf-8")
         return path
 
     def _count(self, rule: str) -> None:

@@ -17,18 +17,8 @@ from typing import Callable, Sequence
 
 from transformers import TrainerCallback
 
-from pipeline.config import RunConfig
-
-CAP_METRIC = "generation/max_completion_length"
-
-
-def scheduled_length(schedule: list[list[int]], step: int, initial: int) -> int:
-    """The schedule's length in force at ``step``: the last entry whose step is <= step."""
-    length = initial
-    for at, value in schedule:
-        if step >= at:
-            length = value
-    return length
+from pipeline.config import RunConfig, scheduled_length
+from pipeline.metric_names import CAP_METRIC
 
 
 def smoothed_ratio(clipped: float, n: int) -> float:

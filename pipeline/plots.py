@@ -6,12 +6,15 @@ works headless and inside a process that already imported pyplot with another ba
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from pipeline.config import scheduled_length
+from pipeline.diagnosis.rules import config_caps
+from pipeline.metric_names import CAP_METRIC, number
 
 # which findings are marked on which plot
 _MARKS = {
@@ -27,12 +30,11 @@ def series(rows: Iterable[Mapping[str, Any]], key: str) -> tuple[list[float], li
     takes the previous row's step + 1."""
     xs, ys, step = [], [], -1.0
     for r in rows:
-        s = r.get("step")
-        step = float(s) if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) else step + 1
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        s, v = number(r.get("step")), number(r.get(key))
+        step = s if s is not None else step + 1
+        if v is not None:
             xs.append(step)
-            ys.append(float(v))
+            ys.append(v)
     return xs, ys
 
 
@@ -54,24 +56,16 @@ def _mark(ax, findings, names) -> None:
 
 
 def _schedule(ax, rows, config) -> None:
-    from pipeline.doctor import _config_caps
-
-    start, sched = _config_caps(config)
+    start, sched = config_caps(config)
     xs = series(rows, "completions/max_length")[0]
     if not sched or start is None or not xs:
         return
-    pts = [(xs[0], start)] + [(float(s), float(n)) for s, n in sched if xs[0] <= s <= xs[-1]] + [(xs[-1], None)]
-    px, py, cap = [], [], float(start)
-    for x, n in pts:
-        px.append(x)
-        py.append(cap)
-        cap = cap if n is None else n
-        px.append(x)
-        py.append(cap)
-    ax.plot(px, py, color="black", linestyle="--", linewidth=1, label="cap (config length_schedule)")
+    steps = sorted({xs[0], xs[-1], *(float(s) for s, _ in sched if xs[0] <= s <= xs[-1])})
+    ax.step(steps, [scheduled_length(sched, x, start) for x in steps], where="post", color="black", linestyle="--",
+            linewidth=1, label="cap (config length_schedule)")
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_png(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -116,7 +110,7 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         ax2.set_title("reward components (rewards/<name>/mean)")
         _mark(ax2, findings, _MARKS["reward"])
         _finish(ax2)
-        written["reward"] = _save(fig, out / "reward.png")
+        written["reward"] = save_png(fig, out / "reward.png")
 
     if "entropy" in keys:
         fig = Figure(figsize=(9, 3.5))
@@ -127,14 +121,14 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         ax.set_title("entropy")
         _mark(ax, findings, _MARKS["entropy"])
         _finish(ax)
-        written["entropy"] = _save(fig, out / "entropy.png")
+        written["entropy"] = save_png(fig, out / "entropy.png")
 
     if keys & {"completions/mean_length", "completions/max_length", "completions/clipped_ratio"}:
         fig = Figure(figsize=(9, 4))
         ax = fig.subplots()
         _line(ax, rows, "completions/mean_length", label="mean length")
         _line(ax, rows, "completions/max_length", label="max length")
-        if not _line(ax, rows, "generation/max_completion_length", label="cap (generation)", color="black", linestyle="--"):
+        if not _line(ax, rows, CAP_METRIC, label="cap (generation)", color="black", linestyle="--"):
             _schedule(ax, rows, config)
         ax.set_ylim(bottom=0)
         ax.set_ylabel("tokens")
@@ -149,7 +143,7 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         _mark(ax, findings, _MARKS["length"])
         ax.grid(alpha=0.3)
         ax.set_xlabel("step")
-        written["length"] = _save(fig, out / "length.png")
+        written["length"] = save_png(fig, out / "length.png")
 
     clip_keys = [k for k in ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean") if k in keys]
     if clip_keys or keys & {"reward_std", "frac_reward_zero_std"}:
@@ -165,5 +159,5 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         ax2.set_title("group signal")
         _mark(ax2, findings, _MARKS["clip_ratio"])
         _finish(ax2)
-        written["clip_ratio"] = _save(fig, out / "clip_ratio.png")
+        written["clip_ratio"] = save_png(fig, out / "clip_ratio.png")
     return written

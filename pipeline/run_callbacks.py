@@ -12,6 +12,7 @@ from typing import Any, Callable
 from transformers import TrainerCallback
 
 from pipeline.config import REWARD_COMPONENTS, RunConfig
+from pipeline.run_files import METRICS, SAMPLES, read_metrics
 
 METRIC_PREFIX = "synth_grpo_"
 
@@ -32,13 +33,6 @@ def _jsonable(logs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """Rows of a JSONL file (none if it is missing); broken lines (a run killed mid-write) are skipped."""
-    from pipeline.doctor import read_metrics as read_rows
-
-    return read_rows(path)[0] if path.exists() else []
-
-
 def truncate_jsonl(path: Path, last_step: int) -> None:
     """On resume, drop rows past the checkpoint so no step appears twice."""
     if path.exists():
@@ -50,7 +44,7 @@ class MetricsSink(TrainerCallback):
     """metrics.jsonl (rank 0, one object per logged step) and Ray custom-metric gauges."""
 
     def __init__(self, run_dir: Path, run_name: str, ray_metrics: bool = True):
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / METRICS
         self.run_name = run_name
         self.ray_metrics = ray_metrics
         self._gauges: dict[str, Any] = {}
@@ -100,7 +94,7 @@ class SamplesWriter(TrainerCallback):
     """samples.jsonl every N steps, from TRL's own completion log (prompt, completion, per-component rewards)."""
 
     def __init__(self, run_dir: Path, every: int, num_samples: int):
-        self.path = Path(run_dir) / "samples.jsonl"
+        self.path = Path(run_dir) / SAMPLES
         self.every, self.num = every, num_samples
         self.trainer = None
 
@@ -382,3 +376,17 @@ class RayTrainReporter(TrainerCallback):
             should_log = tr.control.should_log
             tr.callback_handler.on_log(tr.args, state, tr.control, logs={"checkpoint/seconds": round(seconds, 3)})
             tr.control.should_log = should_log
+
+
+def training_callbacks(*, length_control, samples, health, events, metrics, reporter, evaluator, sync=None) -> list:
+    """The worker's callbacks in the order the trainer must call them (HF calls them in list order).
+
+    They share one ``logs`` dict per logged step, and the length control writes the cap that step was
+    generated under (``generation/max_completion_length``) into it: it comes first, so the samples,
+    the health rules, metrics.jsonl and Ray Train's reports all see the cap. ``events`` writes the
+    length control's cap changes and the health callback's findings to events.jsonl: it comes after
+    both, so each is recorded at the step it happened. The storage sync uploads the files the others
+    wrote: last.
+    """
+    out = [length_control, samples, health, events, metrics, reporter, evaluator]
+    return out + ([sync] if sync is not None else [])

@@ -20,7 +20,7 @@ from typing import Any, Union
 
 import yaml
 
-from pipeline.config import REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict
+from pipeline.config import REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict, get_path, set_path, yaml_number
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint")
 SIMPLEX = "simplex"
@@ -135,9 +135,9 @@ class SearchSpace:
         """Base config + sampled values, batch size fitted to the group, validated (raises ConfigError)."""
         data = copy.deepcopy(base)
         for d in self.params:
-            _set_path(data, d.key, _plain(params[d.key]) if d.key in params else d.args[0])
+            set_path(data, d.key, _plain(params[d.key]) if d.key in params else d.args[0])
         for s in self.simplexes:
-            _set_path(data, s.key, s.weights(params, dict(_get_path(data, s.key) or {})))
+            set_path(data, s.key, s.weights(params, dict(get_path(data, s.key) or {})))
         fit_batch_to_groups(data)
         return config_from_dict(data)
 
@@ -194,23 +194,6 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") and not isinstance(value, (list, dict, str)) else value
 
 
-def _get_path(data: dict, key: str) -> Any:
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    return node
-
-
-def _set_path(data: dict, key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-
-
 def _weights_dict(tp: Any) -> bool:
     return typing.get_origin(tp) is dict
 
@@ -248,25 +231,11 @@ def _suggest(word: str, options: list[str] | tuple[str, ...]) -> str:
 # ---------------------------------------------------------------- parsing
 
 
-def _number(value: Any) -> float | None:
-    """A YAML number; PyYAML reads ``1e-6`` (no dot) as a string, so strings are tried too."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return value
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
 def _parse_bounds(key: str, kind: str, value: Any, problems: list[str]) -> tuple | None:
     if not (isinstance(value, list) and len(value) == 2):
         problems.append(f"{key}: {kind} expects [low, high], got {value!r}")
         return None
-    low, high = (_number(v) for v in value)
+    low, high = (yaml_number(v) for v in value)
     if low is None or high is None:
         problems.append(f"{key}: {kind} bounds must be numbers, got {value!r}")
         return None
@@ -326,7 +295,7 @@ def _parse_simplex(key: str, tp: Any, spec: dict, problems: list[str]) -> Simple
     unknown = [k for k in spec if k not in (SIMPLEX, "fixed", "total")]
     for k in unknown:
         problems.append(f"{key}: unknown simplex key {k!r}{_suggest(str(k), (SIMPLEX, 'fixed', 'total'))} (allowed: simplex, fixed, total)")
-    drawn, fixed_raw, total = spec.get(SIMPLEX), spec.get("fixed", {}), _number(spec.get("total", 1.0))
+    drawn, fixed_raw, total = spec.get(SIMPLEX), spec.get("fixed", {}), yaml_number(spec.get("total", 1.0))
     ok = not unknown
     if not isinstance(drawn, list) or len(drawn) < 2:
         problems.append(f"{key}: simplex expects a list of at least 2 reward components to draw, got {drawn!r}")
@@ -351,11 +320,11 @@ def _parse_simplex(key: str, tp: Any, spec: dict, problems: list[str]) -> Simple
         elif c in drawn:
             problems.append(f"{key}: {c!r} is both drawn and fixed; list it in one of them")
             ok = False
-        elif w is not None and (_number(w) is None or _number(w) < 0):
+        elif w is not None and (yaml_number(w) is None or yaml_number(w) < 0):
             problems.append(f"{key}: fixed weight for {c!r} must be a number >= 0, got {w!r}")
             ok = False
         else:
-            fixed[c] = None if w is None else float(_number(w))
+            fixed[c] = None if w is None else float(yaml_number(w))
     if total is None or total <= 0:
         problems.append(f"{key}: total must be a number > 0, got {spec.get('total')!r}")
         ok = False

@@ -16,12 +16,7 @@ import threading
 import uuid
 from pathlib import Path
 
-# The run's own files, by who writes them. The driver writes the config and its events before
-# the workers start and the summary after; rank 0 writes the rest while training.
-DRIVER_FILES = ("config.yaml", "events.jsonl")
-WORKER_FILES = ("metrics.jsonl", "samples.jsonl", "health.json", "events.jsonl", "length_changes.json")
-WORKER_DIRS = ("adapter",)
-RAY_TRAIN_DIR = "ray_train"  # = pipeline.train.RAY_TRAIN_DIR (kept here so workers need not import train)
+from pipeline.run_files import CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES
 
 
 class StorageError(ValueError):
@@ -164,7 +159,7 @@ class RunStorage:
 
     def download_run(self, dest: Path) -> Path:
         """Every run file (not the checkpoints) into ``dest``: the run as a local folder, e.g. for the doctor."""
-        names = sorted({*DRIVER_FILES, *WORKER_FILES, "summary.txt"}
+        names = sorted({*DRIVER_FILES, *WORKER_FILES, SUMMARY}
                        | {n for n in self.list() if "/" not in n and n.startswith("config.")})
         self.pull(dest, names, WORKER_DIRS, only_larger=False)
         return dest
@@ -294,8 +289,8 @@ def local_copy(uri: str, cache: Path | None = None) -> Path:
     base = cache or Path(os.environ.get("SYNTH_GRPO_CACHE", Path.home() / ".cache" / "synth-grpo")) / "storage-runs"
     try:
         store = RunStorage(location, name)
-        if not store.exists("config.yaml") and not store.exists("metrics.jsonl"):
-            raise StorageError(f"{uri}: no run there (neither config.yaml nor metrics.jsonl)")
+        if not store.exists(CONFIG) and not store.exists(METRICS):
+            raise StorageError(f"{uri}: no run there (neither {CONFIG} nor {METRICS})")
         return store.download_run(base / re.sub(r"[^\w.-]+", "_", str(uri).split("://", 1)[-1]))
     except StorageError:
         raise

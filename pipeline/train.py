@@ -1,8 +1,9 @@
 """`synth-grpo train`: Ray (embedded or a cluster), the reward pool, a Ray Train TorchTrainer.
 
-The run directory is the contract with everything downstream (doctor, tune, benchmarks): the
-resolved ``config.yaml``, ``metrics.jsonl``, ``samples.jsonl``, ``adapter/``, and Ray Train's
-checkpoints under ``ray_train/`` (kept K; a rerun with the same run name resumes from them).
+The run directory (its layout: ``pipeline/run_files.py``) is the contract with everything
+downstream (doctor, tune, benchmarks): the resolved ``config.yaml``, ``metrics.jsonl``,
+``samples.jsonl``, ``adapter/``, and Ray Train's checkpoints under ``ray_train/`` (kept K; a rerun
+with the same run name resumes from them).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import RunConfig
-
-RAY_TRAIN_DIR = "ray_train"
-FATAL_FILE = "fatal_error.txt"  # written by rank 0 when an error a retry cannot fix stops it (worker.NOT_RETRYABLE)
+from pipeline.metric_names import CAP_METRIC, is_train_row
+from pipeline.run_files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
+                                WORKER_FILES, append_event, read_metrics)
 
 
 class FatalRunError(RuntimeError):
@@ -64,14 +65,14 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     """
     from pipeline.config import resume_changes
 
-    from pipeline.storage import DRIVER_FILES, WORKER_FILES, run_store
+    from pipeline.storage import run_store
 
     run_dir.mkdir(parents=True, exist_ok=True)
     store = store or run_store(cfg, run_dir)  # given: a storage folder shipped with its filesystem (a Tune trial)
     if store is not None:  # the run may live only in storage (a fresh cluster): its config and files first
         store.pull(run_dir, sorted({*DRIVER_FILES, *WORKER_FILES}))
     resumed = store.has_checkpoints() if store is not None else (run_dir / RAY_TRAIN_DIR).exists()
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG
     text = cfg.to_yaml()
     if path.exists() and path.read_text(encoding="utf-8") != text:
         if resumed:
@@ -90,13 +91,6 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     if store is not None:
         store.push(run_dir, DRIVER_FILES + tuple(p.name for p in run_dir.glob("config.*.yaml")))
     return resumed
-
-
-def append_event(run_dir: Path, event: str, **fields: Any) -> None:
-    """One line of ``events.jsonl``: what happened to the run (resumes, config changes, resizes, and
-    the console's cap changes, findings and checkpoints). The one writer of that file."""
-    with (run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps({"event": event, **fields, "time": time.time()}, ensure_ascii=False) + "\n")
 
 
 def ray_address(address: str | None, connect_timeout_s: float = 20.0) -> tuple[str | None, str]:
@@ -212,10 +206,8 @@ def registered_checkpoints(run_dir: Path) -> list[str]:
 
 
 def summarize(run_dir: Path) -> str:
-    from pipeline.run_callbacks import read_metrics
-
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    train = [r for r in rows if "reward" in r]
+    rows = read_metrics(run_dir / METRICS)
+    train = [r for r in rows if is_train_row(r)]
     evals = [r for r in rows if "eval/score" in r]
 
     def span(key: str, fmt: str = ".3f") -> str:
@@ -224,15 +216,15 @@ def summarize(run_dir: Path) -> str:
 
     lines = [
         f"run directory: {run_dir}",
-        f"steps: {max((r['step'] for r in rows if 'loss' in r or 'reward' in r), default=0)}",
+        f"steps: {max((r['step'] for r in train), default=0)}",
         f"reward: {span('reward')}",
         f"clipped ratio: {span('completions/clipped_ratio', '.2f')}",
         f"entropy: {span('entropy')}",
-        f"max completion length: {span('generation/max_completion_length', '.0f')}",
+        f"max completion length: {span(CAP_METRIC, '.0f')}",
     ]
     if evals:
         lines.append(f"eval/score: {evals[0]['eval/score']:.3f} -> {evals[-1]['eval/score']:.3f}")
-    adapter = run_dir / "adapter"
+    adapter = run_dir / ADAPTER_DIR
     lines.append(f"adapter: {adapter if adapter.exists() else 'not written'}")
     return "\n".join(lines)
 
@@ -322,9 +314,9 @@ def train_cli(cfg: RunConfig, args) -> int:
               file=sys.stderr)
         return 1
     print("\n=== synth-grpo summary ===\n" + outcome.summary)
-    (run_dir / "summary.txt").write_text(outcome.summary + "\n", encoding="utf-8")
+    (run_dir / SUMMARY).write_text(outcome.summary + "\n", encoding="utf-8")
     store = run_store(cfg, run_dir)
     if store is not None:
-        store.push(run_dir, ["summary.txt"])
+        store.push(run_dir, [SUMMARY])
         print(f"[storage] the run is in {store.uri}")
     return 0

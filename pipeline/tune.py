@@ -26,7 +26,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from pipeline.config import ConfigError, RunConfig, config_from_dict
+from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path
+from pipeline.run_files import ADAPTER_DIR, CONFIG, METRICS, read_metrics
 from pipeline.search_space import SearchSpace, SpaceError, load_space, parse_space
 
 OBJECTIVE = "eval/score"
@@ -80,7 +81,7 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
     """
     from ray import tune
 
-    from pipeline.storage import WORKER_DIRS
+    from pipeline.run_files import WORKER_DIRS
     from pipeline.train import FATAL_FILE, build_trainer, gpu_length_ceiling, prepare_run_dir, raise_if_fatal
 
     trial_id = tune.get_context().get_trial_id()
@@ -90,7 +91,7 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
     cfg.output.storage = trials_store.uri if trials_store is not None else None
     run_dir = Path(trials_dir) / trial_id  # stable across --resume: Ray Train resumes from its checkpoints
     prepare_run_dir(cfg, run_dir, log=None, store=store)  # with storage: the trial's files come from there first
-    if store is not None and not trained(run_dir) and store.exists("adapter/adapter_config.json"):
+    if store is not None and not trained(run_dir) and store.exists(f"{ADAPTER_DIR}/adapter_config.json"):
         store.pull(run_dir, dirs=WORKER_DIRS)
     if trained(run_dir):  # finished before a crash Tune's saved state had not caught up with
         last = last_eval(run_dir)
@@ -104,13 +105,11 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
 
 def trained(run_dir: Path) -> bool:
     """The worker saves the adapter only after the last step."""
-    return (run_dir / "adapter" / "adapter_config.json").exists()
+    return (run_dir / ADAPTER_DIR / "adapter_config.json").exists()
 
 
 def last_eval(run_dir: Path) -> dict[str, Any]:
-    from pipeline.run_callbacks import read_metrics
-
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if OBJECTIVE in r]
+    rows = [r for r in read_metrics(run_dir / METRICS) if OBJECTIVE in r]
     return {k: v for k, v in rows[-1].items() if isinstance(v, (int, float))} if rows else {}
 
 
@@ -277,7 +276,7 @@ def experiment_store(cfg: RunConfig, name: str):
 def pull_trials(trials_store, trial_ids: Sequence[str], trials_dir: Path) -> None:
     """Each trial's config, metrics and adapter config from storage into ``trials_dir``, where missing here."""
     for trial_id in trial_ids:
-        trials_store.child(trial_id).pull(trials_dir / trial_id, ["config.yaml", "metrics.jsonl", "adapter/adapter_config.json"])
+        trials_store.child(trial_id).pull(trials_dir / trial_id, [CONFIG, METRICS, f"{ADAPTER_DIR}/adapter_config.json"])
 
 
 def _check_base(base: RunConfig, space: SearchSpace) -> None:
@@ -331,10 +330,7 @@ def collect_rows(trials: Sequence[tuple[str, str, dict, Any]], space: SearchSpac
             cfg = space.trial_config(base, params)
             values = cfg.to_dict()
             for k in keys:
-                node: Any = values
-                for part in k.split("."):
-                    node = node.get(part) if isinstance(node, dict) else None
-                row[k] = node
+                row[k] = get_path(values, k)
         except ConfigError as e:
             error = error or "; ".join(e.problems)
         if result.error or status == "ERROR":
@@ -385,10 +381,7 @@ def describe_trial(space: SearchSpace, base: dict[str, Any], params: dict[str, A
         return "invalid: " + "; ".join(e.problems)
     cells = []
     for key in space.searched_keys:
-        node = values
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        cells.append(f"{_short(key)}={_cell(node)}")
+        cells.append(f"{_short(key)}={_cell(get_path(values, key))}")
     return " ".join(cells)
 
 
@@ -407,7 +400,7 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
     best = next((r for r in rows if r[OBJECTIVE] is not None and r["status"] != "error"), None)
     if best is None:
         return None
-    params = yaml.safe_load((Path(best["run_dir"]) / "config.yaml").read_text(encoding="utf-8"))
+    params = yaml.safe_load((Path(best["run_dir"]) / CONFIG).read_text(encoding="utf-8"))
     cfg = config_from_dict(params)
     cfg.output.root, cfg.output.run_name = base.output.root, f"{name}-best"
     header = (f"# best trial {best['trial_id']} of search {name}: {OBJECTIVE} {best[OBJECTIVE]:.4f} at step "

@@ -15,6 +15,9 @@ from typing import Any
 
 from pipeline.config import TINY_POLICY, ConfigError, RunConfig, config_from_dict
 from pipeline.data import DataError
+from pipeline.metric_names import CAP_METRIC
+from pipeline.run_files import (ADAPTER_DIR, EVAL_SAMPLES, FATAL_FILE, HEALTH, LENGTH_CHANGES, METRICS, SAMPLES,
+                                TRAINER_DIR, WORKER_FILES, append_event, read_metrics)
 
 # Errors a retry cannot fix: the same data, model and config fail the same way on every attempt.
 # OSError covers transformers' "not a local folder and not a valid model identifier" and missing files.
@@ -66,7 +69,7 @@ def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: boo
 
     o, g, gr, lg = cfg.optimization, cfg.generation, cfg.grpo, cfg.logging
     return GRPOConfig(
-        output_dir=str(run_dir / "trainer"),
+        output_dir=str(run_dir / TRAINER_DIR),
         max_steps=o.max_steps,
         per_device_train_batch_size=o.per_device_train_batch_size,
         gradient_accumulation_steps=o.gradient_accumulation_steps,
@@ -131,13 +134,12 @@ def lora_config(cfg: RunConfig):
 
 def _restore_length_state(run_dir: Path, step: int, length_ctl, truncate: bool) -> None:
     """Resume: every rank restores the same cap from metrics.jsonl; rank 0 also drops rows past the checkpoint."""
-    from pipeline.length_control import CAP_METRIC
-    from pipeline.run_callbacks import read_metrics, truncate_jsonl
+    from pipeline.run_callbacks import truncate_jsonl
 
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step", 0) <= step]
+    rows = [r for r in read_metrics(run_dir / METRICS) if r.get("step", 0) <= step]
     if truncate:
-        truncate_jsonl(run_dir / "metrics.jsonl", step)
-        truncate_jsonl(run_dir / "samples.jsonl", step)
+        truncate_jsonl(run_dir / METRICS, step)
+        truncate_jsonl(run_dir / SAMPLES, step)
     if any(CAP_METRIC in r for r in rows):
         length_ctl.restore(rows)
 
@@ -208,7 +210,8 @@ def train_loop_per_worker(config: dict) -> None:
     from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl, reference_floor
     from pipeline.reward_clients import make_pool_reward_funcs
-    from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter
+    from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks
+    from pipeline.storage import sync_callback
     from rewards.judge import SelfJudge
 
     rank = ray.train.get_context().get_world_rank()
@@ -223,8 +226,6 @@ def train_loop_per_worker(config: dict) -> None:
     except NOT_RETRYABLE as e:
         # Ray Train's failure policy retries any raised error; the same data, model and config would
         # fail again, so the worker ends cleanly and leaves the cause for the driver (exit 2).
-        from pipeline.train import FATAL_FILE
-
         if is_rank0:
             (Path(config["run_dir"]) / FATAL_FILE).write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
         return
@@ -232,8 +233,6 @@ def train_loop_per_worker(config: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)  # a node's own disk may not have it yet
     store = config.get("store")  # pipeline.storage.RunStorage with output.storage, else None
     if store is not None and ray.train.get_checkpoint() is not None:
-        from pipeline.storage import WORKER_FILES
-
         if ray.train.get_context().get_local_rank() == 0:  # one copy per node; this node may never have seen the run
             store.pull(run_dir, WORKER_FILES)
         if torch.distributed.is_initialized():
@@ -245,8 +244,6 @@ def train_loop_per_worker(config: dict) -> None:
                             cfg.generation.adaptive.reference_quantile) if cfg.adaptive_length else 0
     length_ctl = CompletionLengthControl(cfg, ceiling=config.get("length_ceiling"), log=say, reference_floor=floor)
     if floor and is_rank0:
-        from pipeline.train import append_event
-
         append_event(run_dir, "length_floor", step=0, tokens=length_ctl.floor,
                      quantile=cfg.generation.adaptive.reference_quantile)
     self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens, cfg.judge.max_batch_size) if cfg.judge.backend == "self" else None
@@ -256,16 +253,17 @@ def train_loop_per_worker(config: dict) -> None:
     samples = SamplesWriter(run_dir, cfg.logging.samples_every, cfg.logging.num_samples)
     evaluator = Evaluator(cfg, eval_recs, tokenizer, pool, eos_ids, length_ctl.budget, report=ray.train.report)
     health = HealthCallback(config=cfg, print_fn=say or (lambda _msg: None))
-    evaluator.samples_path = run_dir / "eval_samples.jsonl" if is_rank0 else None
+    evaluator.samples_path = run_dir / EVAL_SAMPLES if is_rank0 else None
     events = RunEvents(run_dir, length_ctl, health)
     reporter = RayTrainReporter()
-    callbacks = [length_ctl, samples, health, events, metrics, reporter, evaluator]
     sync = None
     if is_rank0 and store is not None:  # the run's files follow it to storage, uploaded in a thread
-        from pipeline.storage import RunFileSync, sync_callback
+        from pipeline.storage import RunFileSync
 
         sync = RunFileSync(store, run_dir)
-        callbacks.append(sync_callback(sync))
+    callbacks = training_callbacks(length_control=length_ctl, samples=samples, health=health, events=events,
+                                   metrics=metrics, reporter=reporter, evaluator=evaluator,
+                                   sync=None if sync is None else sync_callback(sync))
     trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0)
     quiet_worker(trainer, cfg.logging.console)
     length_ctl.bind(trainer)
@@ -285,8 +283,6 @@ def train_loop_per_worker(config: dict) -> None:
         world = ray.train.get_context().get_world_size()
         saved_world = resized(Path(resume_from), world)
         if is_rank0:
-            from pipeline.train import append_event
-
             if say:
                 say(f"[resume] from checkpoint at step {step}")
             append_event(run_dir, "resume", step=step)
@@ -296,25 +292,25 @@ def train_loop_per_worker(config: dict) -> None:
                 append_event(run_dir, "optimizer_reset", step=step, previous=saved_world, num_workers=world)
     elif is_rank0:
         # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
-        for name in ("metrics.jsonl", "samples.jsonl", "eval_samples.jsonl"):
+        for name in (METRICS, SAMPLES, EVAL_SAMPLES):
             (run_dir / name).unlink(missing_ok=True)
     if is_rank0:
         record_world_size(run_dir, trainer.args, ray.train.get_context().get_world_size(), step, log)
     finished = step >= cfg.optimization.max_steps
     if finished:  # finished already: only the adapter is left to write
         if is_rank0:
-            export_trained_weights(Path(resume_from), run_dir / "adapter")
+            export_trained_weights(Path(resume_from), run_dir / ADAPTER_DIR)
     else:
         with without_optimizer_state() if saved_world else contextlib.nullcontext():
             trainer.train(resume_from_checkpoint=resume_from)
-        trainer.save_model(str(run_dir / "adapter"))
+        trainer.save_model(str(run_dir / ADAPTER_DIR))
     checkpoint_files.close()
     if is_rank0:
-        tokenizer.save_pretrained(str(run_dir / "adapter"))
-        (run_dir / "adapter" / "training_args.bin").unlink(missing_ok=True)  # a pickle nothing needs to load
+        tokenizer.save_pretrained(str(run_dir / ADAPTER_DIR))
+        (run_dir / ADAPTER_DIR / "training_args.bin").unlink(missing_ok=True)  # a pickle nothing needs to load
         if not finished:  # a rerun of a finished run saw no step: keep what the run wrote
-            (run_dir / "length_changes.json").write_text(json.dumps(length_ctl.changes))
-            health.write(run_dir / "health.json")
+            (run_dir / LENGTH_CHANGES).write_text(json.dumps(length_ctl.changes))
+            health.write(run_dir / HEALTH)
     if sync is not None:
         sync.close()  # everything, the adapter included, is in storage before the run reports done
     final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}

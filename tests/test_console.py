@@ -218,6 +218,7 @@ def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy)
 
 def test_report_samples_best_and_worst_of_first_and_last_evaluation(tmp_path):
     from pipeline import eval_samples
+    from pipeline.run_files import EVAL_SAMPLES
 
     w = {"rouge_l": 0.4, "length": 0.1, "judge": 0.4, "eos": 0.1}
     recs = [{"id": i, "question": f"Frage {i}?", "reference": f"Antwort {i}."} for i in range(5)]
@@ -226,7 +227,7 @@ def test_report_samples_best_and_worst_of_first_and_last_evaluation(tmp_path):
         scores = {c: [base + i / 10 for i in range(5)] for c in ("rouge_l", "length", "judge", "eos")}
         return eval_samples.eval_rows(step, recs, [f"a{step}-{i} | x" for i in range(5)], [i % 2 == 0 for i in range(5)], scores, w)
 
-    path = tmp_path / eval_samples.FILE
+    path = tmp_path / EVAL_SAMPLES
     for step, base in ((0, 0.0), (5, 0.2), (10, 0.1), (10, 0.3)):  # step 10 evaluated again after a resume
         eval_samples.write(path, evaluation(step, base))
     rows = [json.loads(x) for x in path.read_text().splitlines()]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.doctor import RULES, History, RuleSettings, diagnose, doctor_cli, read_metrics
+from pipeline.doctor import RULES, History, RuleSettings, diagnose, doctor_cli
+from pipeline.run_files import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -386,6 +387,6 @@ def test_bad_input_via_subprocess_and_broken_config(tmp_path):
     assert p.returncode == 2 and "missing" in p.stderr and "does not exist" in p.stderr
     run = write_run(tmp_path / "r", seed_stream(60), config=None)
     (run / "config.yaml").write_text("generation: [unclosed\n")
-    rows, broken = read_metrics(run / "metrics.jsonl")
+    rows, broken = read_jsonl(run / "metrics.jsonl")
     assert broken == [] and len(rows) == 60
     assert doctor_cli(argparse.Namespace(run_dir=str(run), json=True)) == 0

@@ -258,3 +258,53 @@ def test_adaptive_cap_falls_when_answers_are_short(tmp_path, tiny_policy):
     assert caps[0] == 96 and _mean(clipped[:3]) < 0.1  # answers far below the cap
     assert next(c for c in caps if c != 96) < 96 and caps[-1] <= 96 - 2 * 8  # it fell, step by step
     _check_max_length_follows_cap(rows)
+
+
+def test_callback_order_every_log_reader_sees_the_cap_and_events_record_at_once(tmp_path):
+    """The worker's callback list (run_callbacks.training_callbacks), run by HF's CallbackHandler as the
+    trainer does: the cap the length control writes into ``logs`` reaches every later callback, and
+    events.jsonl records a cap change and a finding at the call where they happen."""
+    import json
+
+    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl, TrainerState
+
+    from pipeline.console import RunEvents
+    from pipeline.health import HealthCallback
+    from pipeline.run_callbacks import MetricsSink, training_callbacks
+
+    cfg = load_config(None, ["generation.max_completion_length=16", "generation.length_schedule=[[5, 32]]"])
+    ctl = CompletionLengthControl(cfg, log=None)
+    health = HealthCallback(config=cfg, print_fn=lambda _m: None, export_ray_metrics=False, only=["never_stops"])
+    metrics = MetricsSink(tmp_path, "order", ray_metrics=False)
+    seen: dict[str, list[bool]] = {}
+
+    def reader(name):
+        class Reader(TrainerCallback):
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                seen.setdefault(name, []).append(CAP_METRIC in logs)
+        Reader.__name__ = f"Reader_{name}"  # HF warns about two callbacks of one class
+        return Reader()
+
+    callbacks = training_callbacks(length_control=ctl, samples=reader("samples"), health=health,
+                                   events=RunEvents(tmp_path, ctl, health), metrics=metrics,
+                                   reporter=reader("reporter"), evaluator=reader("evaluator"), sync=reader("sync"))
+    handler = CallbackHandler([DefaultFlowCallback(), *callbacks], None, None, None, None)
+    state, control = TrainerState(), TrainerControl()
+
+    def events(kind):
+        path = tmp_path / "events.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        return [e for e in rows if e["event"] == kind]
+
+    for step in range(1, 13):
+        state.global_step = step
+        handler.on_step_begin(None, state, control)
+        if step == 5:  # the schedule's raise, in events.jsonl at the step's start
+            assert [(e["step"], e["old"], e["new"]) for e in events("length_cap")] == [(5, 16, 32)]
+        handler.on_log(None, state, control, logs={"completions/clipped_ratio": 1.0, "reward": 0.1})
+        assert len(events("finding")) == len(health.findings)  # a finding is recorded at the log it fired on
+    assert health.findings and health.findings[0].rule == "never_stops"
+    assert all(all(v) for v in seen.values()) and set(seen) == {"samples", "reporter", "evaluator", "sync"}
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r[CAP_METRIC] for r in rows] == [16] * 4 + [32] * 8
+    assert health.history.values(CAP_METRIC) == [16.0] * 4 + [32.0] * 8

@@ -1,0 +1,62 @@
+"""The run directory's layout: one name for each file, who writes it, and the JSONL readers.
+
+The run directory is the contract with everything downstream (the console, the doctor, tune,
+storage, benchmarks). Import-light (no torch, no Ray), so workers and the CLI can import it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.yaml"  # the resolved config (the driver); an earlier one is kept as config.<time>.yaml
+EVENTS = "events.jsonl"  # resumes, config changes, resizes, cap changes, findings, checkpoints (append_event)
+METRICS = "metrics.jsonl"  # one object per logged step (rank 0, run_callbacks.MetricsSink)
+SAMPLES = "samples.jsonl"  # completions with their rewards every logging.samples_every steps
+EVAL_SAMPLES = "eval_samples.jsonl"  # every held-out answer of every evaluation (eval_samples.py)
+HEALTH = "health.json"  # the live health findings at the end (health.HealthCallback)
+LENGTH_CHANGES = "length_changes.json"  # [step, old, new] of each cap change (length_control)
+ADAPTER_DIR = "adapter"  # the trained LoRA adapter (or full weights) and the tokenizer
+SUMMARY = "summary.txt"  # the driver's summary at the end
+FATAL_FILE = "fatal_error.txt"  # written by rank 0 when an error a retry cannot fix stops it (worker.NOT_RETRYABLE)
+RAY_TRAIN_DIR = "ray_train"  # Ray Train's storage: its checkpoints (kept K) and checkpoint_manager_snapshot.json
+TRAINER_DIR = "trainer"  # the HF Trainer's output_dir (its checkpoints pass through to Ray Train)
+REPORT = "report.md"  # `synth-grpo doctor`'s report, beside its PNG plots
+
+# The run's own files, by who writes them. The driver writes the config and its events before
+# the workers start and the summary after; rank 0 writes the rest while training.
+DRIVER_FILES = (CONFIG, EVENTS)
+WORKER_FILES = (METRICS, SAMPLES, HEALTH, EVENTS, LENGTH_CHANGES)
+WORKER_DIRS = (ADAPTER_DIR,)
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """Rows of a JSONL file and the 1-based numbers of lines that are not JSON objects."""
+    rows, broken = [], []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                rows.append(obj)
+            else:
+                broken.append(no)
+    return rows, broken
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Rows of a JSONL file (none if it is missing); broken lines (a run killed mid-write) are skipped."""
+    return read_jsonl(path)[0] if Path(path).exists() else []
+
+
+def append_event(run_dir: Path, event: str, **fields: Any) -> None:
+    """One line of ``events.jsonl``: what happened to the run (resumes, config changes, resizes, and
+    the console's cap changes, findings and checkpoints). The one writer of that file."""
+    with (Path(run_dir) / EVENTS).open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"event": event, **fields, "time": time.time()}, ensure_ascii=False) + "\n")
