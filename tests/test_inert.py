@@ -61,7 +61,8 @@ def test_one_step_per_rollout_follows_trls_rule():
     (["optimization.lr_scheduler_type=constant"], ["optimization.warmup_ratio has no effect: lr_scheduler_type 'constant'"]),
     (["generation.max_completion_length=64", "generation.adaptive.band_high=0.5"],  # tiny.yaml sets the others
      ["generation.adaptive.band_high has no effect: generation.max_completion_length is 64", "generation.adaptive.start",
-      "generation.adaptive.band_low", "generation.adaptive.floor", "generation.adaptive.ceiling", "generation.adaptive.step"]),
+      "generation.adaptive.band_low", "generation.adaptive.floor", "generation.adaptive.ceiling", "generation.adaptive.step",
+      "generation.adaptive.reference_quantile"]),
     (["generation.vllm_gpu_memory_utilization=0.5"], ["generation.vllm_gpu_memory_utilization has no effect: generation.backend is 'hf'"]),
     (["lora.enabled=false"], ["lora.r has no effect: lora.enabled is false", "lora.alpha has no effect", "lora.dropout has no effect"]),
     (["distributed.gpus_per_worker=2"], ["distributed.gpus_per_worker has no effect: distributed.use_gpu is false"]),
