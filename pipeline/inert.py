@@ -79,7 +79,7 @@ def inert_settings(cfg: RunConfig) -> list[str]:
 
     # learning-rate schedule: transformers' "constant" schedule takes no warmup
     if o.lr_scheduler_type == "constant" and o.warmup_ratio > 0:
-        out.append(f"optimization.warmup_ratio has no effect: lr_scheduler_type 'constant' has no warmup "
+        out.append("optimization.warmup_ratio has no effect: lr_scheduler_type 'constant' has no warmup "
                    "(use 'constant_with_warmup')")
 
     # modes that are off

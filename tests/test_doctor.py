@@ -207,7 +207,7 @@ def test_finding_that_stopped_holding_is_resolved_with_its_span(tmp_path, capsys
     run = write_run(tmp_path / "fixed", _stops_after(), config=None)
     assert doctor_cli(argparse.Namespace(run_dir=str(run), json=False)) == 0
     out = capsys.readouterr().out
-    assert f"1 finding(s), 1 of them resolved" in out and f"[never_stops] resolved, held at steps 10-{f.last_step}" in out
+    assert "1 finding(s), 1 of them resolved" in out and f"[never_stops] resolved, held at steps 10-{f.last_step}" in out
     assert f"| `never_stops` | resolved | steps 10-{f.last_step} |" in (run / "report.md").read_text()
     js = json.loads(json.dumps(f.to_dict()))
     assert (js["status"], js["first_step"], js["last_step"]) == ("resolved", 10, f.last_step)
