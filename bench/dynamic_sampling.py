@@ -44,6 +44,7 @@ def bench_config(steps: int, seed: int, root: Path, dynamic: bool):
     return load_config(REPO / "configs" / "seed-baseline.yaml", [
         f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
         "output.save_steps=100000", "logging.progress_bar=false", f"eval.every_steps={max(5, steps // 4)}",
+        "eval.max_new_tokens=96", "eval.samples_per_prompt=8",  # bench/pathologies.py's fixed evaluation
         f"grpo.dynamic_sampling.enabled={str(dynamic).lower()}", *TASK, *REWARD,
     ])
 
@@ -71,7 +72,7 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool) -> dict:
     self_judge = SelfJudge(tokenizer, cfg.judge.max_input_tokens) if cfg.judge.backend == "self" else None
     funcs, weights = make_pool_reward_funcs(pool, cfg, eos_ids, lambda: length_ctl.current, self_judge)
     eval_rows: list[dict] = []
-    evaluator = Evaluator(cfg, evals, tokenizer, pool, eos_ids, lambda: length_ctl.current, report=eval_rows.append)
+    evaluator = Evaluator(cfg, evals, tokenizer, pool, eos_ids, length_ctl.budget, report=eval_rows.append)
     logs: list[dict] = []
 
     class Keep(TrainerCallback):
@@ -109,12 +110,14 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool) -> dict:
         return sum(xs) / len(xs) if xs else None
 
     scores = [r["eval/score"] for r in eval_rows]
+    ses = [r.get("eval/score_stderr", 0.0) for r in eval_rows]
     return {
         "frac_low_std_groups_trained": sum(s < LOW_STD or s != s for s in stds) / len(stds) if stds else None,
         "groups_trained": len(stds),
         "eval_score_first": scores[0] if scores else None,
         "eval_score_last": scores[-1] if scores else None,
         "eval_score_gain": scores[-1] - scores[0] if len(scores) > 1 else None,
+        "eval_score_gain_se": (ses[0] ** 2 + ses[-1] ** 2) ** 0.5 if len(ses) > 1 else None,
         "sec_per_step": final["train_runtime"] / steps,
         "frac_reward_zero_std": sum(r.get("frac_reward_zero_std", 0) for r in logs) / max(1, sum("frac_reward_zero_std" in r for r in logs)),
         "ds_rounds_mean": mean("dynamic_sampling/rounds"),
@@ -140,7 +143,7 @@ def main() -> int:
     from pipeline.reward_pool import start_pool, stop_pool
 
     t0 = time.time()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         pool = start_pool(bench_config(args.steps, args.seed, root, False))
