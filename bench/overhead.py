@@ -95,7 +95,7 @@ def run_ours(steps: int, workdir: Path) -> dict:
     cfg.output.run_name = "ours"
     run_dir = workdir / "ours"
     t0 = time.perf_counter()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     prepare_run_dir(cfg, run_dir, log=None)
     run_training(cfg, run_dir, log=None)
     wall = time.perf_counter() - t0

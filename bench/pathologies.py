@@ -185,7 +185,7 @@ def main() -> int:
 
     import ray
 
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     t0 = time.time()
     arms = [args.only] if args.only else list(RUNS)
     per: dict[str, dict[int, dict]] = {name: {} for name in arms}
