@@ -28,7 +28,7 @@ REPORT = "report.md"  # `synth-grpo doctor`'s report, beside its PNG plots
 # The run's own files, by who writes them. The driver writes the config and its events before
 # the workers start and the summary after; rank 0 writes the rest while training.
 DRIVER_FILES = (CONFIG, EVENTS)
-WORKER_FILES = (METRICS, SAMPLES, HEALTH, EVENTS, LENGTH_CHANGES)
+WORKER_FILES = (METRICS, SAMPLES, EVAL_SAMPLES, HEALTH, EVENTS, LENGTH_CHANGES)
 WORKER_DIRS = (ADAPTER_DIR,)
 
 

@@ -80,7 +80,7 @@ def test_zero2_checkpoints_in_s3_and_resume_with_empty_local_dirs(ray_local, s3_
     for name in ("trainer_state.json", "adapter_model.safetensors", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"):
         assert f"ray_train/checkpoint-000002/{name}" in files, (name, files)
     # The run's files, readable with no node alive.
-    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "health.json", "length_changes.json",
+    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "eval_samples.jsonl", "health.json", "length_changes.json",
                  "adapter/adapter_config.json", "adapter/adapter_model.safetensors"):
         assert name in files, (name, files)
     first = [r for r in read_metrics(run_dir / "metrics.jsonl")]
