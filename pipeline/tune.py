@@ -52,22 +52,37 @@ class SearchOutcome:
 # ---------------------------------------------------------------- inside a trial
 
 
-def _report_callback(max_steps: int):
+def _report_callback(max_steps: int, save_steps: int):
     """Ray Train callback (runs in the Train controller): forward eval reports to the Tune trial.
 
     Checkpoint-only reports carry no ``eval/score`` (Tune's strict metric check would fail the
-    trial), so only eval reports and the final one go on. The evaluation of the last step waits
-    for the final report: it comes before that step's checkpoint, and ASHA stops a trial at its
-    ``max_t``, which killed the run before the checkpoint was registered (seen on S3).
+    trial), so only eval reports and the final one go on. An evaluation at a step that also saves
+    a checkpoint is held until that checkpoint's report (the worker evaluates before TRL saves):
+    ASHA may stop the trial on it, at a rung or at ``max_t``, and stopping it on the evaluation
+    killed the run before Ray Train had registered the step's checkpoint (seen on S3). Ray Train
+    runs its checkpoint manager before user callbacks, so the checkpoint is registered first.
     """
     from ray.tune.integration.ray_train import TuneReportCallback
 
     class EvalReportCallback(TuneReportCallback):
+        held: dict | None = None
+
         def after_report(self, run_context, metrics, checkpoint):
             row = dict(metrics[0]) if metrics else {}
             final = bool(row.pop("done", None))  # Tune reads "done" as "stop this trial now", before the function returns
-            if OBJECTIVE in row and (final or row.get(TIME_ATTR, 0) < max_steps):
-                super().after_report(run_context, [row], None)
+            step = row.get(TIME_ATTR, 0)
+            held, self.held = self.held, None
+            if held is not None and not (final and OBJECTIVE in row and step == held.get(TIME_ATTR)):
+                if checkpoint is not None or final or step > held.get(TIME_ATTR, 0):
+                    super().after_report(run_context, [held], None)
+                else:
+                    self.held = held
+            if OBJECTIVE not in row:
+                return
+            if not final and (step >= max_steps or (save_steps and step % save_steps == 0)):
+                self.held = row
+                return
+            super().after_report(run_context, [row], None)
 
     return EvalReportCallback()
 
@@ -99,7 +114,7 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
             tune.report(last)
         return
     (run_dir / FATAL_FILE).unlink(missing_ok=True)
-    build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[_report_callback(cfg.optimization.max_steps)], store=store).fit()
+    build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[_report_callback(cfg.optimization.max_steps, cfg.output.save_steps)], store=store).fit()
     raise_if_fatal(run_dir)  # a worker stopped on an error a retry cannot fix: the trial errors with it
 
 
