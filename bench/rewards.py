@@ -310,6 +310,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shared-batches", type=int, default=3, help="shared-prefix batches of 64 per group size G")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # libraries' prints (DeepSpeed's accelerator line) stay off stdout
+        result = measure(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    return result
+
+
+def measure(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     rng = random.Random(0)
@@ -340,10 +352,6 @@ def main(argv: list[str] | None = None) -> dict:
         "judge": rounded(jres),
         "judge_shared": rounded(sres),
     }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print_table(result)
     return result
 
 
