@@ -38,10 +38,11 @@ TASK = ["data.min_reference_words=10"]  # bench/pathologies.py's long-answer tas
 REWARD = ["rewards.weights={rouge_l: 0.0, length: 0.0, judge: 0.0, eos: 1.0}"]  # sparse: stopped or cut
 
 
-def bench_config(steps: int, seed: int, root: Path, dynamic: bool):
+def bench_config(steps: int, seed: int, root: Path, dynamic: bool, learning_rate: float | None = None):
     from pipeline.config import load_config
 
-    return load_config(REPO / "configs" / "seed-baseline.yaml", [
+    lr = [f"optimization.learning_rate={learning_rate}"] if learning_rate else []
+    return load_config(REPO / "configs" / "seed-baseline.yaml", [*lr,
         f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
         "output.save_steps=100000", "logging.progress_bar=false", f"eval.every_steps={max(5, steps // 4)}",
         "eval.max_new_tokens=96", "eval.samples_per_prompt=8",  # bench/pathologies.py's fixed evaluation
@@ -49,7 +50,7 @@ def bench_config(steps: int, seed: int, root: Path, dynamic: bool):
     ])
 
 
-def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool) -> dict:
+def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rate: float | None = None) -> dict:
     """One arm in this process: the worker's own construction, minus Ray Train."""
     import torch
     from transformers import TrainerCallback
@@ -64,7 +65,7 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool) -> dict:
 
     torch.manual_seed(seed)
     torch.set_num_threads(1)
-    cfg = bench_config(steps, seed, root, dynamic)
+    cfg = bench_config(steps, seed, root, dynamic, learning_rate)
     run_dir = root / ("with" if dynamic else "without")
     train, evals, _ = load_records(cfg.data, log=None)
     tokenizer, model, eos_ids = load_policy(cfg, on_gpu=False)
@@ -135,6 +136,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--learning-rate", type=float, default=None,
+                    help="instead of seed-baseline.yaml's (7.5e-3 collapses the policy on this sparse reward in both arms)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -149,13 +152,13 @@ def main() -> int:
         pool = start_pool(bench_config(args.steps, args.seed, root, False))
         try:
             with contextlib.redirect_stdout(sys.stderr):  # HF's log printer: keep stdout for the result
-                result = {"without": run_arm(args.steps, args.seed, root, False, pool),
-                          "with": run_arm(args.steps, args.seed, root, True, pool)}
+                result = {"without": run_arm(args.steps, args.seed, root, False, pool, args.learning_rate),
+                          "with": run_arm(args.steps, args.seed, root, True, pool, args.learning_rate)}
         finally:
             stop_pool(pool)
     ray.shutdown()
     w, wo = result["with"], result["without"]
-    result["meta"] = {"steps": args.steps, "seed": args.seed, "seconds": time.time() - t0,
+    result["meta"] = {"steps": args.steps, "seed": args.seed, "learning_rate": args.learning_rate, "seconds": time.time() - t0,
                       "sec_per_step_ratio": w["sec_per_step"] / wo["sec_per_step"], "machine": f"{os.cpu_count()} CPUs"}
     if args.json:
         print(json.dumps(result, indent=1))
