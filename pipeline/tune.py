@@ -192,10 +192,11 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     from ray.tune.schedulers import ASHAScheduler
 
     from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.storage import run_store
     from pipeline.train import init_ray
 
     name, exp_dir = experiment_dir(cfg, name)
-    store = experiment_store(cfg, name)
+    store = run_store(cfg, exp_dir)  # <output.storage>/<name>/, named like the local folder
     tune_dir = exp_dir / TUNE_DIR
     # Where Tune keeps its experiment state: the storage folder when there is one, else the local folder.
     tune_path, tune_fs = (f"{store.path}/{TUNE_DIR}", store.fs) if store else (str(tune_dir), None)
@@ -279,13 +280,6 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     if store is not None:
         store.push(exp_dir, [RESULTS_CSV, BEST_CONFIG])
     return SearchOutcome(exp_dir, rows, results_csv, best, interrupted, alg_name, columns)
-
-
-def experiment_store(cfg: RunConfig, name: str):
-    """The search's folder in ``output.storage`` (``<storage>/<name>/``), or None without storage."""
-    from pipeline.storage import RunStorage
-
-    return RunStorage(cfg.output.storage, name) if cfg.output.storage else None
 
 
 def pull_trials(trials_store, trial_ids: Sequence[str], trials_dir: Path) -> None:
@@ -430,7 +424,7 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
 def tune_cli(cfg: RunConfig, args) -> int:
     from pipeline.data import DataError, check_source
     from pipeline.reward_pool import RewardPoolError
-    from pipeline.storage import StorageError, check_writable
+    from pipeline.storage import StorageError, check_writable, run_store
     from pipeline.train import RayUnreachable, init_ray
 
     if args.samples is not None and args.samples < 1:
@@ -449,7 +443,7 @@ def tune_cli(cfg: RunConfig, args) -> int:
     try:  # storage that cannot be written ends here, before Ray or any model starts
         if cfg.output.storage:
             check_writable(cfg.output.storage, name)
-        store = experiment_store(cfg, name)
+        store = run_store(cfg, exp_dir)
         where = f"{exp_dir}" + (f" or {store.uri}" if store else "")
         if not args.resume and ((exp_dir / TUNE_DIR).exists() or (store is not None and store.exists(TUNE_DIR))):
             print(f"synth-grpo tune: a search already exists at {where}; pass --resume to continue it, or another --name",
