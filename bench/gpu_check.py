@@ -32,6 +32,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -262,12 +263,14 @@ class Probe:
                 "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved(),
                 "device_used": total - free, "device_total": total}
 
-    def _reset(self) -> None:
+    def _start(self) -> tuple[dict[str, int], float]:
+        """A phase starts: peak counters reset; (memory now, time now)."""
         import torch
 
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+        return self._mem(), time.perf_counter()
 
     def _phase(self, start: dict[str, int], t0: float, **extra) -> dict[str, Any]:
         import torch
@@ -292,8 +295,7 @@ class Probe:
                                                      trainer._generate_and_score_completions, trainer.training_step)
 
         def generate_single_turn(prompt_ids, *args, **kwargs):
-            probe._reset()
-            start, t0 = probe._mem(), time.perf_counter()
+            start, t0 = probe._start()
             completion_ids, *rest = generate_one(prompt_ids, *args, **kwargs)
             probe.rec["generate_calls"].append(probe._phase(
                 start, t0, sequences=len(completion_ids), prompt_width=max(len(p) for p in prompt_ids),
@@ -301,17 +303,14 @@ class Probe:
             return (completion_ids, *rest)
 
         def generate_and_score(*args, **kwargs):
-            probe._reset()
-            start, t0 = probe._mem(), time.perf_counter()
+            start, t0 = probe._start()
             out = gen_and_score(*args, **kwargs)
             probe.rec["gen"].append(probe._phase(start, t0))
-            probe._reset()  # the training phase starts here
-            probe._train_start, probe._train_t0 = probe._mem(), time.perf_counter()
+            probe._train_start, probe._train_t0 = probe._start()  # the training phase starts here
             return out
 
         def training_step(model, inputs, *args, **kwargs):
-            probe._reset()
-            probe._train_start, probe._train_t0 = probe._mem(), time.perf_counter()
+            probe._train_start, probe._train_t0 = probe._start()
             had_grads = any(p.grad is not None for p in probe._trainable(trainer))
             out = step(model, inputs, *args, **kwargs)
             grads = _bytes(p.grad for p in probe._trainable(trainer) if p.grad is not None)
@@ -478,9 +477,7 @@ def _judge_throughput(actor, batches, new_tokens: int) -> dict[str, Any]:
            "generate_parse_scores_per_s": size / statistics.median(two),
            "generate_parse_failures": fails / max(1, n)}
     res["speedup"] = res["one_pass_scores_per_s"] / res["generate_parse_scores_per_s"]
-    if torch.cuda.is_available():
-        res.update(peak_allocated=torch.cuda.max_memory_allocated(), peak_reserved=torch.cuda.max_memory_reserved())
-    return res
+    return {**res, **judge_memory(actor)}
 
 
 def judge_memory(actor) -> dict[str, int]:
@@ -612,10 +609,7 @@ def run_case(case: Case, cfg, pool, gpu_gib: float | None, num_gpus: int, log) -
     from pipeline.train import prepare_run_dir, run_training
 
     run_dir = Path(cfg.output.root) / cfg.output.run_name
-    if run_dir.exists():
-        import shutil
-
-        shutil.rmtree(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
     prepare_run_dir(cfg, run_dir, log=None)
     t0 = time.perf_counter()
     with pickled_by_value(), probed_worker_loop():
@@ -739,10 +733,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     gpu_gib = M.detect_gpu_gib() if on_gpu else None
     notes: list[str] = []
+    # the models are built later: until then hub-id placeholders pass the model checks, the rest is validated
+    models = ["synth-grpo/gpu-check-policy", "synth-grpo/gpu-check-judge"]
+
+    def config_for(g: int, backend: str = "hf"):
+        return case_config(mode, g, backend, *models, work, num_gpus, on_gpu, steps, completion, args.overrides)
+
     try:  # the run config is validated before Ray or any model starts
-        # the models are built later: hub-id placeholders pass the model checks, the rest is validated
-        case_config(mode, 8, "hf", "synth-grpo/gpu-check-policy", "synth-grpo/gpu-check-judge", work, num_gpus, on_gpu,
-                    steps, completion, args.overrides)
+        config_for(8)
     except ConfigError as e:
         print(f"gpu_check: {e}", file=sys.stderr)
         return 2
@@ -758,20 +756,19 @@ def main(argv: list[str] | None = None) -> int:
     if on_gpu:  # in a Ray task on one GPU that then exits: the driver keeps no CUDA context on the card
         with pickled_by_value():
             task = ray.remote(num_gpus=1, max_calls=1)(build_models)
-            policy_dir, judge_dir = ray.get(task.remote(mode, work.resolve(), "cuda", print))
+            models[:] = ray.get(task.remote(mode, work.resolve(), "cuda", print))
     else:
-        policy_dir, judge_dir = build_models(mode, work, "cpu", log)
+        models[:] = build_models(mode, work, "cpu", log)
     planner_max = None
     if on_gpu and not args.no_planner_max:
-        cfg8 = case_config(mode, 8, "hf", policy_dir, judge_dir, work, num_gpus, on_gpu, steps, completion, args.overrides)
+        cfg8 = config_for(8)
         planner_max = M.plan_run(cfg8, gpu_gib, num_gpus).max_num_generations
         notes.append(f"the planner's largest num_generations on this {gpu_gib:.1f} GiB GPU at prompt "
                      f"{cfg8.data.max_prompt_length} + completion {completion} tokens: {planner_max}")
     if on_gpu and not vllm:
         notes.append("vLLM is not installed: HF generation only (./scripts/setup.sh vllm adds it)")
     cases = choose_cases(args.generations or mode.generations, planner_max, vllm)
-    base_cfg = case_config(mode, cases[0].num_generations, "hf", policy_dir, judge_dir, work, num_gpus, on_gpu, steps,
-                           completion, args.overrides)
+    base_cfg = config_for(cases[0].num_generations)
     t0 = time.perf_counter()
     pool = start_pool(base_cfg)
     log(f"[gpu_check] judge actor loaded in {time.perf_counter() - t0:.0f}s")
@@ -786,8 +783,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"[gpu_check] skipping num_generations {case.num_generations} ({case.backend}): {why}")
                 done.append(case)
                 continue
-            cfg = case_config(mode, case.num_generations, case.backend, policy_dir, judge_dir, work, num_gpus, on_gpu,
-                              steps, completion, args.overrides)
+            cfg = config_for(case.num_generations, case.backend)
             log(f"[gpu_check] num_generations {case.num_generations} ({case.backend}), batch "
                 f"{cfg.optimization.per_device_train_batch_size}, {steps} steps")
             try:

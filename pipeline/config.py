@@ -6,6 +6,7 @@ collects every problem (field, value, what is allowed) so the user fixes them in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -322,8 +323,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str, problems: list[str]) ->
     for key, value in data.items():
         name = f"{prefix}{key}"
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else f" (allowed: {', '.join(fields)})"
+            hint = did_you_mean(key, fields, prefix) or f" (allowed: {', '.join(fields)})"
             problems.append(f"{name}: unknown key{hint}")
             continue
         tp = hints[key]
@@ -340,6 +340,12 @@ def _build(cls: type, data: dict[str, Any], prefix: str, problems: list[str]) ->
     return cls(**kwargs)
 
 
+def did_you_mean(word: Any, options: Any, prefix: str = "") -> str:
+    """`` (did you mean 'PREFIX + the closest option'?)`` for a misspelt name, else ""."""
+    close = difflib.get_close_matches(str(word), list(options), n=1)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+
+
 def yaml_number(value: Any) -> float | None:
     """A YAML number, else None (bools too). PyYAML follows YAML 1.1, which reads ``1e-5`` (no dot)
     as a string, so a string Python reads as a float counts."""
@@ -348,10 +354,8 @@ def yaml_number(value: Any) -> float | None:
     if isinstance(value, (int, float)):
         return value
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):
             return float(value)
-        except ValueError:
-            return None
     return None
 
 
@@ -522,8 +526,8 @@ def _check_optimization(cfg: RunConfig, base_dir: Path | None) -> list[str]:
 def _check_rewards(cfg: RunConfig, base_dir: Path | None) -> list[str]:
     r, p = cfg.rewards, []
     for k in (k for k in r.weights if k not in REWARD_COMPONENTS):
-        close = difflib.get_close_matches(k, REWARD_COMPONENTS, n=1)
-        p.append(f"rewards.weights.{k}: unknown component" + (f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(REWARD_COMPONENTS)})"))
+        p.append(f"rewards.weights.{k}: unknown component"
+                 + (did_you_mean(k, REWARD_COMPONENTS) or f" (allowed: {', '.join(REWARD_COMPONENTS)})"))
     p += [f"rewards.weights.{k}: {w} must be >= 0" for k, w in r.weights.items() if w < 0]
     if r.weights and all(w == 0 for w in r.weights.values()):
         p.append("rewards.weights: all weights are 0; at least one component must count")

@@ -228,11 +228,15 @@ def lora_param_count(shape: ModelShape, r: int, targets: str | list[str]) -> int
     """LoRA adds A (r x in) and B (out x r) per targeted linear: r * (in + out) parameters (Hu et al. 2021).
     PEFT's "all-linear" targets every linear layer except the output head."""
     lin = shape.linears()
-    names = list(lin) if targets == "all-linear" else [t for t in targets if t in lin]
-    total = shape.num_layers * sum(r * (lin[n][0] + lin[n][1]) for n in names)
+    total = shape.num_layers * sum(r * (lin[n][0] + lin[n][1]) for n in _lora_targets(targets, shape))
     if isinstance(targets, list) and any(t in ("lm_head", "embed_tokens") for t in targets):
         total += r * (shape.hidden_size + shape.vocab_size) * sum(t in ("lm_head", "embed_tokens") for t in targets)
     return total
+
+
+def _lora_targets(targets: str | list[str], shape: ModelShape) -> list[str]:
+    """The linears of one decoder layer that LoRA targets (PEFT's "all-linear": every one)."""
+    return list(shape.linears()) if targets == "all-linear" else [t for t in targets if t in shape.linears()]
 
 
 # ---------------------------------------------------------------- the plan
@@ -303,10 +307,6 @@ def _n(count: float) -> str:
         if count >= div:
             return f"{count / div:.{2 if unit == 'B' else 1}f}{unit}"
     return str(int(count))
-
-
-def _lora_targets(targets: str | list[str], shape: ModelShape) -> list[str]:
-    return list(shape.linears()) if targets == "all-linear" else [t for t in targets if t in shape.linears()]
 
 
 def _layer_activation_bytes(x: _Inputs, seq: int, mask_bytes: int = 1) -> int:
@@ -674,8 +674,7 @@ def format_plan(plan: MemoryPlan, gpu_name: str | None = None) -> str:
 
 
 def _sweep(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None, fused: bool) -> str:
-    x = _inputs(cfg, gpu_gib, num_gpus)
-    x = dataclasses.replace(x, fused_logits=fused)
+    x = dataclasses.replace(_inputs(cfg, gpu_gib, num_gpus), fused_logits=fused)
     prompts = x.batch * x.num_gpus * x.steps_per_generation // x.num_generations
     rows = [f"num_generations sweep ({prompts} prompts per generation round kept; per-device batch scales with it):",
             f"{'G':>5}{'batch':>7}{'total GiB':>11}  fits"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import math
 import types
 import typing
@@ -20,7 +19,8 @@ from typing import Any, Union
 
 import yaml
 
-from pipeline.config import REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict, get_path, set_path, yaml_number
+from pipeline.config import (REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict, did_you_mean, get_path,
+                             set_path, yaml_number)
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint")
 SIMPLEX = "simplex"
@@ -50,23 +50,13 @@ class Dist:
     def to_tune(self):
         from ray import tune
 
-        if self.kind == "loguniform":
-            return tune.loguniform(*self.args)
-        if self.kind == "uniform":
-            return tune.uniform(*self.args)
-        if self.kind == "randint":
-            return tune.randint(*self.args)
         if self.kind == "choice":
             return tune.choice(list(self.args))
-        return self.args[0]
+        return self.args[0] if self.kind == "fixed" else getattr(tune, self.kind)(*self.args)  # loguniform, uniform, randint
 
     def corners(self) -> list[Any]:
         """The values most likely to break a config: both ends, every option."""
-        if self.kind in ("loguniform", "uniform"):
-            return list(self.args)
-        if self.kind == "randint":
-            return [self.args[0], self.args[1] - 1]
-        return list(self.args)
+        return [self.args[0], self.args[1] - 1] if self.kind == "randint" else list(self.args)
 
 
 @dataclass(frozen=True)
@@ -223,11 +213,6 @@ def _accepts(tp: Any, kind: type) -> bool:
     return tp is kind
 
 
-def _suggest(word: str, options: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
 # ---------------------------------------------------------------- parsing
 
 
@@ -265,7 +250,7 @@ def _parse_dist(key: str, tp: Any, spec: Any, problems: list[str]) -> Dist | Non
         problems.append(f"{key}: simplex applies to a whole weights mapping (e.g. rewards.weights), not one field")
         return None
     if kind not in DISTRIBUTIONS:
-        problems.append(f"{key}: unknown distribution {kind!r}{_suggest(str(kind), DISTRIBUTIONS)} (allowed: {', '.join(DISTRIBUTIONS)})")
+        problems.append(f"{key}: unknown distribution {kind!r}{did_you_mean(kind, DISTRIBUTIONS)} (allowed: {', '.join(DISTRIBUTIONS)})")
         return None
     if kind == "choice":
         if not isinstance(value, list) or not value:
@@ -293,8 +278,8 @@ def _parse_simplex(key: str, tp: Any, spec: dict, problems: list[str]) -> Simple
         problems.append(f"{key}: simplex only applies to rewards.weights")
         return None
     unknown = [k for k in spec if k not in (SIMPLEX, "fixed", "total")]
-    for k in unknown:
-        problems.append(f"{key}: unknown simplex key {k!r}{_suggest(str(k), (SIMPLEX, 'fixed', 'total'))} (allowed: simplex, fixed, total)")
+    problems += [f"{key}: unknown simplex key {k!r}{did_you_mean(k, (SIMPLEX, 'fixed', 'total'))} (allowed: simplex, fixed, total)"
+                 for k in unknown]
     drawn, fixed_raw, total = spec.get(SIMPLEX), spec.get("fixed", {}), yaml_number(spec.get("total", 1.0))
     ok = not unknown
     if not isinstance(drawn, list) or len(drawn) < 2:
@@ -302,7 +287,7 @@ def _parse_simplex(key: str, tp: Any, spec: dict, problems: list[str]) -> Simple
         return None
     for c in drawn:
         if c not in REWARD_COMPONENTS:
-            problems.append(f"{key}: simplex component {c!r} is not a reward component{_suggest(str(c), REWARD_COMPONENTS)} (allowed: {', '.join(REWARD_COMPONENTS)})")
+            problems.append(f"{key}: simplex component {c!r} is not a reward component{did_you_mean(c, REWARD_COMPONENTS)} (allowed: {', '.join(REWARD_COMPONENTS)})")
             ok = False
     if len(set(drawn)) != len(drawn):
         problems.append(f"{key}: simplex lists a component twice: {drawn!r}")
@@ -315,7 +300,7 @@ def _parse_simplex(key: str, tp: Any, spec: dict, problems: list[str]) -> Simple
     fixed: dict[str, float | None] = {}
     for c, w in fixed_raw.items():
         if c not in REWARD_COMPONENTS:
-            problems.append(f"{key}: fixed component {c!r} is not a reward component{_suggest(str(c), REWARD_COMPONENTS)}")
+            problems.append(f"{key}: fixed component {c!r} is not a reward component{did_you_mean(c, REWARD_COMPONENTS)}")
             ok = False
         elif c in drawn:
             problems.append(f"{key}: {c!r} is both drawn and fixed; list it in one of them")
@@ -336,9 +321,8 @@ def parse_space(data: Any, path: str = "<space>") -> SearchSpace:
     problems: list[str] = []
     if not isinstance(data, dict):
         raise SpaceError([f"{path}: expected a mapping with 'space:' at top level, got {type(data).__name__}"])
-    for k in data:
-        if k not in SPACE_KEYS:
-            problems.append(f"{path}: unknown top-level key {k!r}{_suggest(str(k), SPACE_KEYS)} (allowed: {', '.join(SPACE_KEYS)})")
+    problems += [f"{path}: unknown top-level key {k!r}{did_you_mean(k, SPACE_KEYS)} (allowed: {', '.join(SPACE_KEYS)})"
+                 for k in data if k not in SPACE_KEYS]
     num_samples = data.get("num_samples", 8)
     if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
         problems.append(f"num_samples: {num_samples!r} must be an integer >= 1")
@@ -348,7 +332,7 @@ def parse_space(data: Any, path: str = "<space>") -> SearchSpace:
         asha = {}
     for k, v in asha.items():
         if k not in ASHA_KEYS:
-            problems.append(f"asha.{k}: unknown key{_suggest(str(k), ASHA_KEYS)} (allowed: {', '.join(ASHA_KEYS)})")
+            problems.append(f"asha.{k}: unknown key{did_you_mean(k, ASHA_KEYS)} (allowed: {', '.join(ASHA_KEYS)})")
         elif not isinstance(v, int) or isinstance(v, bool) or v < (2 if k == "reduction_factor" else 1):
             problems.append(f"asha.{k}: {v!r} must be an integer >= {2 if k == 'reduction_factor' else 1}")
     space = data.get("space")
@@ -362,7 +346,7 @@ def parse_space(data: Any, path: str = "<space>") -> SearchSpace:
     for key, spec in space.items():
         key = str(key)
         if key not in fields:
-            problems.append(f"{key}: unknown config field{_suggest(key, list(fields))}")
+            problems.append(f"{key}: unknown config field{did_you_mean(key, fields)}")
             continue
         if key.split(".")[0] in FORBIDDEN_GROUPS:
             problems.append(f"{key}: {key.split('.')[0]}.* cannot be searched (eval.* defines the objective, output.* is set per trial)")
@@ -378,10 +362,8 @@ def parse_space(data: Any, path: str = "<space>") -> SearchSpace:
             d = _parse_dist(key, tp, spec, problems)
             if d:
                 params.append(d)
-    for s in simplexes:
-        for d in params:
-            if d.key.startswith(s.key + "."):
-                problems.append(f"{d.key}: also set by the simplex on {s.key}; search it in one place")
+    problems += [f"{d.key}: also set by the simplex on {s.key}; search it in one place"
+                 for s in simplexes for d in params if d.key.startswith(s.key + ".")]
     if problems:
         raise SpaceError(problems)
     return SearchSpace(path, params, simplexes, num_samples, asha.get("grace_period"), asha.get("reduction_factor", 2), data)
