@@ -57,11 +57,8 @@ def stats(rows: list[Mapping[str, Any]], key: str, direction: str | None) -> dic
     xs, ys = series(rows, key)
     if not xs:
         return None
-    if direction is None:
-        best_i = None
-    else:
-        pick = max if direction == "max" else min
-        best_i = pick(range(len(ys)), key=lambda i: ys[i])
+    pick = {"max": max, "min": min}.get(direction)
+    best_i = pick(range(len(ys)), key=lambda i: ys[i]) if pick else None
     return {
         "start": ys[0], "start_step": int(xs[0]), "final": ys[-1], "final_step": int(xs[-1]),
         "best": ys[best_i] if best_i is not None else None, "best_step": int(xs[best_i]) if best_i is not None else None,
@@ -139,13 +136,22 @@ def plot_families(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
     def save(fig, name: str) -> None:
         written[name] = save_png(fig, out_dir / f"{name}.png")
 
-    def lines(ax, key: str, title: str, **kw) -> None:
+    def lines(ax, key: str, title: str | None = None, **kw) -> None:
         for i, r in enumerate(runs):
             xs, ys = series(r.rows, key)
             if xs:
                 ax.plot(xs, ys, color=colors[i % 10], label=r.name, linewidth=1, **kw)
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
+        if title:
+            ax.set_title(title, fontsize=9)
+            ax.grid(alpha=0.3)
+
+    def panel(key: str, title: str, height: float = 3.5, **kw):
+        """One metric, a line per run, with its legend: (figure, axes)."""
+        fig = Figure(figsize=(9, height))
+        ax = fig.subplots()
+        lines(ax, key, title, **kw)
+        ax.legend(fontsize=7)
+        return fig, ax
 
     comps = [f"rewards/{c}/mean" for c in REWARD_COMPONENTS if f"rewards/{c}/mean" in keys]
     if "reward" in keys or comps:
@@ -159,32 +165,19 @@ def plot_families(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
         axes[0].legend(fontsize=7)
         save(fig, "reward")
     if "entropy" in keys:
-        fig = Figure(figsize=(9, 3.5))
-        ax = fig.subplots()
-        lines(ax, "entropy", "entropy")
-        ax.legend(fontsize=7)
-        save(fig, "entropy")
+        save(panel("entropy", "entropy")[0], "entropy")
     if "completions/clipped_ratio" in keys:
-        fig = Figure(figsize=(9, 4))
-        ax = fig.subplots()
-        lines(ax, "completions/clipped_ratio", "clipped ratio (solid) and max completion length (dashed)")
+        fig, ax = panel("completions/clipped_ratio", "clipped ratio (solid) and max completion length (dashed)", 4)
         ax.set_ylim(-0.05, 1.05)
         ax.set_ylabel("clipped ratio")
         if CAP_METRIC in keys:
             ax2 = ax.twinx()
-            for i, r in enumerate(runs):
-                xs, ys = series(r.rows, CAP_METRIC)
-                if xs:
-                    ax2.plot(xs, ys, color=colors[i % 10], linestyle="--", linewidth=1)
+            lines(ax2, CAP_METRIC, linestyle="--")
             ax2.set_ylabel("cap (tokens)")
-        ax.legend(fontsize=7)
         ax.set_xlabel("step")
         save(fig, "clipped")
     if "eval/score" in keys:
-        fig = Figure(figsize=(9, 3.5))
-        ax = fig.subplots()
-        lines(ax, "eval/score", "held-out eval/score", marker="o", markersize=3)
-        ax.legend(fontsize=7)
+        fig, ax = panel("eval/score", "held-out eval/score", marker="o", markersize=3)
         ax.set_xlabel("step")
         save(fig, "eval")
     return written

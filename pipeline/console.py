@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import sys
 import threading
@@ -30,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, TextIO
 from transformers import TrainerCallback
 
 from pipeline.config import CONSOLE_MODES  # noqa: F401  (re-exported: the modes this module draws)
-from pipeline.metric_names import CAP_METRIC, is_train_row
+from pipeline.metric_names import CAP_METRIC, is_train_row, number
 from pipeline.run_files import EVENTS, METRICS, append_event
 
 HEADER_EVERY = 20  # table rows between repeated headers
@@ -50,9 +49,8 @@ def table_every(max_steps: int) -> int:
 
 
 def _f(v: Any, nd: int = 3) -> str:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return "-"
-    return f"{v:.{nd}f}"
+    n = number(v)
+    return "-" if n is None else f"{n:.{nd}f}"
 
 
 def _duration(s: float) -> str:
@@ -258,10 +256,8 @@ def watch(run_dir: Path, mode: str, total_steps: int, stream: TextIO | None = No
 
     def loop() -> None:
         while not stop.wait(interval):
-            try:
+            with contextlib.suppress(Exception):  # the console must never stop a run
                 pump()
-            except Exception:  # the console must never stop a run
-                pass
 
     thread = threading.Thread(target=loop, name="synth-grpo-console", daemon=True)
     thread.start()
@@ -356,9 +352,7 @@ def ray_logging_config(mode: str):
     from ray.train import LoggingConfig
 
     quiet_environment(mode)
-
     return LoggingConfig(log_level="INFO" if mode == "verbose" else "WARNING")
-
 
 
 # ---------------------------------------------------------------- Ray Tune

@@ -13,6 +13,7 @@ completions is too noisy, so the estimate pools completions and only a significa
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 from transformers import TrainerCallback
@@ -186,7 +187,7 @@ class CompletionLengthControl(TrainerCallback):
         for row in rows:
             if "completions/clipped_ratio" in row and CAP_METRIC in row:
                 self.current = int(row[CAP_METRIC])
-                self.on_log(None, _Step(int(row.get("step", 0))), None, logs=dict(row))
+                self.on_log(None, SimpleNamespace(global_step=int(row.get("step", 0))), None, logs=dict(row))
         self.log = saved
         if self.trainer is not None:
             apply_max_completion_length(self.trainer, self.current)
@@ -238,8 +239,3 @@ class CompletionLengthControl(TrainerCallback):
             self._set(state.global_step, new, f"clipped ratio {clipped:.2f} of {n} completions outside "
                       f"[{self.band[0]}, {self.band[1]}]; estimate {est:.0f}")
             self.recent.clear()
-
-
-class _Step:
-    def __init__(self, step: int):
-        self.global_step = step

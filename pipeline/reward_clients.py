@@ -14,24 +14,16 @@ from typing import Any, Callable
 from pipeline.config import RunConfig
 from pipeline.reward_pool import RewardPool
 from rewards.eos import is_terminated
-from rewards.trl_rewards import completion_text, scored_components
+from rewards.trl_rewards import EOS_KWARGS, completion_text, scored_components
 
 
 def eos_kwargs(cfg: RunConfig) -> dict[str, float]:
-    r = cfg.rewards
-    return dict(
-        eos_bonus=r.eos_bonus, truncation_penalty=r.truncation_penalty, overlong_buffer=r.overlong_buffer,
-        overlong_weight=r.overlong_weight, brevity_weight=r.brevity_weight,
-    )
+    """The ``rewards.*`` fields named like the eos component's keyword arguments (``rewards.eos.eos_component``)."""
+    return {k: getattr(cfg.rewards, k) for k in EOS_KWARGS}
 
 
-def make_pool_reward_funcs(
-    pool: RewardPool,
-    cfg: RunConfig,
-    eos_token_ids: list[int],
-    current_max_len: Callable[[], int],
-    self_judge: Any | None = None,
-) -> tuple[list[Callable], list[float]]:
+def make_pool_reward_funcs(pool: RewardPool, cfg: RunConfig, eos_token_ids: list[int], current_max_len: Callable[[], int],
+                           self_judge: Any | None = None) -> tuple[list[Callable], list[float]]:
     """(reward_funcs, reward_weights) for ``rewards.trl_rewards.scored_components``: the cheap components
     are scored and logged at any weight (the seed baseline's EOS rate is part of what the comparison
     shows), the judge only at a positive weight.

@@ -10,6 +10,7 @@ zero-filled rewards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -47,9 +48,9 @@ class JudgeWorker(_ActorProcess):
     """Holds one frozen judge model for the life of the actor."""
 
     def __init__(self, backend: str, model: str, max_input_tokens: int, use_gpu: bool, batch_size: int = 64):
-        from rewards.judge import load_judge
-
         import torch
+
+        from rewards.judge import load_judge
 
         device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
         t0 = time.perf_counter()
@@ -240,29 +241,21 @@ def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
     """Start (or, with ``name``, reuse) the pool's actors. Blocks until every judge is loaded."""
     j = cfg.judge
     backend, model = eval_judge_spec(cfg)
-    opts = dict(max_restarts=j.max_restarts, max_task_retries=0)
     judge_opts = judge_actor_options(cfg)
-    judge_cls = ray.remote(JudgeWorker)
-    scorer_cls = ray.remote(ScorerWorker)
-    judges, scorers, jn, sn = [], [], [], []
     # Unshared pools are named too, by role and run, for the dashboard (a tag keeps two pools of a run apart).
     run_tag = f"{cfg.output.run_name}#{os.urandom(2).hex()}"
-    for i in range(j.num_actors):
-        actor_name = f"{name}-judge-{i}" if name else None
-        extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name \
-            else dict(name=f"judge-{i}@{run_tag}")
-        judges.append(
-            judge_cls.options(**judge_opts, **extra).remote(
-                backend, model, j.max_input_tokens, judge_opts["num_gpus"] > 0, j.max_batch_size
-            )
-        )
-        jn.append(actor_name or f"judge-{i} ({backend}:{model})")
-    for i in range(j.num_scorer_actors):
-        actor_name = f"{name}-scorer-{i}" if name else None
-        extra = dict(name=actor_name, namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached") if name \
-            else dict(name=f"scorer-{i}@{run_tag}")
-        scorers.append(scorer_cls.options(num_cpus=0, **opts, **extra).remote())
-        sn.append(actor_name or f"scorer-{i}")
+
+    def named(role: str, i: int) -> dict:
+        if name:  # a shared pool: found again by name
+            return dict(name=f"{name}-{role}-{i}", namespace=POOL_NAMESPACE, get_if_exists=True, lifetime="detached")
+        return dict(name=f"{role}-{i}@{run_tag}")
+
+    judges = [ray.remote(JudgeWorker).options(**judge_opts, **named("judge", i)).remote(
+        backend, model, j.max_input_tokens, judge_opts["num_gpus"] > 0, j.max_batch_size) for i in range(j.num_actors)]
+    scorers = [ray.remote(ScorerWorker).options(num_cpus=0, max_restarts=j.max_restarts, max_task_retries=0,
+                                                **named("scorer", i)).remote() for i in range(j.num_scorer_actors)]
+    jn = [f"{name}-judge-{i}" if name else f"judge-{i} ({backend}:{model})" for i in range(j.num_actors)]
+    sn = [f"{name}-scorer-{i}" if name else f"scorer-{i}" for i in range(j.num_scorer_actors)]
     try:
         # Warm every actor up (imports, first forward pass) so the first training step does not pay for it.
         ray.get([a.score.remote(["Frage?"], ["Antwort."], ["Antwort."]) for a in judges]
@@ -274,7 +267,5 @@ def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
 
 def stop_pool(pool: RewardPool) -> None:
     for a in pool.judges + pool.scorers:
-        try:
+        with contextlib.suppress(Exception):
             ray.kill(a, no_restart=True)
-        except Exception:
-            pass

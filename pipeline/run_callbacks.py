@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any, Callable
 
@@ -131,18 +132,19 @@ def score_stderr(groups: list[int], scores: list[float]) -> float:
     by: dict[int, list[float]] = {}
     for g, s in zip(groups, scores):
         by.setdefault(g, []).append(s)
-    n = len(scores)
-    if n < 2:
+    if len(scores) < 2:
         return 0.0
     if all(len(v) < 2 for v in by.values()):
-        mean = sum(scores) / n
-        return math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1) / n)
-    total = 0.0
-    for v in by.values():
-        if len(v) > 1:
-            m = sum(v) / len(v)
-            total += sum((s - m) ** 2 for s in v) / (len(v) - 1) / len(v)
-    return math.sqrt(total) / len(by)
+        return math.sqrt(statistics.variance(scores) / len(scores))
+    return math.sqrt(sum(statistics.variance(v) / len(v) for v in by.values() if len(v) > 1)) / len(by)
+
+
+def log_row(trainer, state, logs: dict[str, Any]) -> None:
+    """A row of its own, straight to the callbacks: TRL's trainer.log would fold (and clear) the pending train
+    metrics. DefaultFlowCallback.on_log clears control.should_log; this step's own train log is kept."""
+    should_log = trainer.control.should_log
+    trainer.callback_handler.on_log(trainer.args, state, trainer.control, logs=logs)
+    trainer.control.should_log = should_log
 
 
 def _completion_logps(model, seqs, attn, width: int, temperature: float):
@@ -300,21 +302,14 @@ class Evaluator(TrainerCallback):
             metrics["eval/score_stderr"] = score_stderr([items[j] for j, _, _, _ in gathered], per)
             kls = [kl for _, _, _, kl in gathered if kl is not None]
             if kls:
-                mean_kl = sum(kls) / len(kls)
-                metrics["eval/kl_to_initial"] = mean_kl
-                var = sum((x - mean_kl) ** 2 for x in kls) / max(1, len(kls) - 1)
-                metrics["eval/kl_to_initial_stderr"] = math.sqrt(var / len(kls))
+                metrics["eval/kl_to_initial"] = sum(kls) / len(kls)
+                metrics["eval/kl_to_initial_stderr"] = math.sqrt(statistics.variance(kls) / len(kls)) if len(kls) > 1 else 0.0
         self.last = metrics
         return metrics
 
     def _run(self, state) -> None:
         metrics = self.evaluate(state.global_step)
-        # Straight to the callbacks: TRL's trainer.log would fold (and clear) the pending train metrics.
-        # DefaultFlowCallback.on_log clears control.should_log; keep this step's own train log.
-        tr = self.trainer
-        should_log = tr.control.should_log
-        tr.callback_handler.on_log(tr.args, state, tr.control, logs=dict(metrics))
-        tr.control.should_log = should_log
+        log_row(self.trainer, state, dict(metrics))
         if self.report is not None:
             self.report({**metrics, "step": state.global_step})
 
@@ -371,11 +366,8 @@ class RayTrainReporter(TrainerCallback):
                          checkpoint_dir_name=f"checkpoint-{state.global_step:06d}",
                          checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
         seconds = time.perf_counter() - t0  # HF's save + this rank's part + handing it to the upload thread
-        tr = self.trainer
-        if tr is not None and state.is_world_process_zero:  # a row of its own, like the evaluator's
-            should_log = tr.control.should_log
-            tr.callback_handler.on_log(tr.args, state, tr.control, logs={"checkpoint/seconds": round(seconds, 3)})
-            tr.control.should_log = should_log
+        if self.trainer is not None and state.is_world_process_zero:  # a row of its own, like the evaluator's
+            log_row(self.trainer, state, {"checkpoint/seconds": round(seconds, 3)})
 
 
 def training_callbacks(*, length_control, samples, health, events, metrics, reporter, evaluator, sync=None) -> list:

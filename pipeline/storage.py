@@ -263,7 +263,6 @@ class RunFileSync:
             raise OSError(f"output.storage: could not copy the run's files to {self.store.uri}: {self.error}")
 
 
-
 def run_store(cfg, run_dir: Path) -> RunStorage | None:
     """The run's storage folder (named like its local run directory), or None without ``output.storage``."""
     return RunStorage(cfg.output.storage, Path(run_dir).name) if cfg.output.storage else None

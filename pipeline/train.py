@@ -64,7 +64,6 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     unless ``allow_config_change``: a changed setting must not be silently ignored by a resume.
     """
     from pipeline.config import resume_changes
-
     from pipeline.storage import run_store
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -153,12 +152,10 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from pipeline.console import ray_logging_config
-    from pipeline.worker import train_loop_per_worker
-
-    from pipeline.reward_pool import training_worker_gpus
-
     from pipeline.elastic import scaling_num_workers
+    from pipeline.reward_pool import training_worker_gpus
     from pipeline.storage import run_store
+    from pipeline.worker import train_loop_per_worker
 
     d = cfg.distributed
     store = store or run_store(cfg, run_dir)

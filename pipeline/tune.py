@@ -388,10 +388,7 @@ def describe_trial(space: SearchSpace, base: dict[str, Any], params: dict[str, A
         values: Any = space.trial_config(base, dict(params)).to_dict()
     except ConfigError as e:
         return "invalid: " + "; ".join(e.problems)
-    cells = []
-    for key in space.searched_keys:
-        cells.append(f"{_short(key)}={_cell(get_path(values, key))}")
-    return " ".join(cells)
+    return " ".join(f"{_short(key)}={_cell(get_path(values, key))}" for key in space.searched_keys)
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:

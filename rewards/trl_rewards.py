@@ -62,10 +62,13 @@ def _column(kwargs: dict[str, Any], name: str, n: int) -> list[str]:
 
 
 class RewardFunc:
-    """A named TRL reward function; a class instance so that it pickles when its judge does."""
+    """A named TRL reward function (``name``, its ``__name__`` as TRL reads it); a class instance so that it
+    pickles when its judge does."""
 
-    def __init__(self, name: str) -> None:
-        self.__name__ = name
+    name = ""
+
+    def __init__(self) -> None:
+        self.__name__ = self.name
 
     def __call__(self, prompts: list | None = None, completions: list | None = None, completion_ids: list | None = None, **kwargs: Any) -> list[float]:
         texts = [completion_text(c) for c in completions or []]
@@ -79,24 +82,24 @@ class RewardFunc:
 
 
 class RougeReward(RewardFunc):
-    def __init__(self) -> None:
-        super().__init__("rouge_l")
+    name = "rouge_l"
 
     def compute(self, prompts, texts, completion_ids, kwargs):
         return rouge_l_batch(texts, _column(kwargs, "reference", len(texts)))
 
 
 class LengthReward(RewardFunc):
-    def __init__(self) -> None:
-        super().__init__("length")
+    name = "length"
 
     def compute(self, prompts, texts, completion_ids, kwargs):
         return length_similarity_batch(texts, _column(kwargs, "reference", len(texts)))
 
 
 class JudgeReward(RewardFunc):
+    name = "judge"
+
     def __init__(self, judge: Judge) -> None:
-        super().__init__("judge")
+        super().__init__()
         self.judge = judge
 
     def compute(self, prompts, texts, completion_ids, kwargs):
@@ -109,8 +112,10 @@ class JudgeReward(RewardFunc):
 
 
 class EosReward(RewardFunc):
+    name = "eos"
+
     def __init__(self, eos_token_ids: Sequence[int], max_len_fn: Callable[[], int], eos_kwargs: Mapping[str, Any]) -> None:
-        super().__init__("eos")
+        super().__init__()
         unknown = set(eos_kwargs) - set(EOS_KWARGS)
         if unknown:
             raise ValueError(f"unknown eos_kwargs {sorted(unknown)} (allowed: {', '.join(EOS_KWARGS)})")
@@ -139,13 +144,8 @@ def scored_components(weights: Mapping[str, float]) -> list[str]:
     return [c for c in COMPONENTS if c != "judge" or float(weights.get(c, 0.0)) > 0]
 
 
-def make_reward_funcs(
-    weights: Mapping[str, float],
-    judge: Judge | None,
-    eos_token_ids: Sequence[int],
-    max_len_fn: Callable[[], int],
-    eos_kwargs: Mapping[str, Any],
-) -> tuple[list[Callable], list[float]]:
+def make_reward_funcs(weights: Mapping[str, float], judge: Judge | None, eos_token_ids: Sequence[int],
+                      max_len_fn: Callable[[], int], eos_kwargs: Mapping[str, Any]) -> tuple[list[Callable], list[float]]:
     """Reward functions and their TRL ``reward_weights`` for ``scored_components(weights)``; a positive
     judge weight without a judge is an error."""
     names = scored_components(weights)
