@@ -74,13 +74,11 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rat
     funcs, weights = make_pool_reward_funcs(pool, cfg, eos_ids, lambda: length_ctl.current, self_judge)
     eval_rows: list[dict] = []
     evaluator = Evaluator(cfg, evals, tokenizer, pool, eos_ids, length_ctl.budget, report=eval_rows.append)
-    logs: list[dict] = []
+    history: list[dict] = []
 
     class Keep(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             history.append(dict(logs or {}))
-
-    history = logs
 
     trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train, funcs, weights, [length_ctl, Keep(), evaluator])
     length_ctl.bind(trainer)
@@ -103,8 +101,8 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rat
     trainer.train()
     if dynamic:
         stds = [s for t in trainer.dynamic_sampling_trace for s in t["trained_std"]]
-    final = next(r for r in reversed(logs) if "train_runtime" in r)
-    ds_rows = [r for r in logs if "dynamic_sampling/rounds" in r]
+    final = next(r for r in reversed(history) if "train_runtime" in r)
+    ds_rows = [r for r in history if "dynamic_sampling/rounds" in r]
 
     def mean(key):
         xs = [r[key] for r in ds_rows if key in r]
@@ -120,7 +118,7 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rat
         "eval_score_gain": scores[-1] - scores[0] if len(scores) > 1 else None,
         "eval_score_gain_se": (ses[0] ** 2 + ses[-1] ** 2) ** 0.5 if len(ses) > 1 else None,
         "sec_per_step": final["train_runtime"] / steps,
-        "frac_reward_zero_std": sum(r.get("frac_reward_zero_std", 0) for r in logs) / max(1, sum("frac_reward_zero_std" in r for r in logs)),
+        "frac_reward_zero_std": sum(r.get("frac_reward_zero_std", 0) for r in history) / max(1, sum("frac_reward_zero_std" in r for r in history)),
         "ds_rounds_mean": mean("dynamic_sampling/rounds"),
         "ds_frac_kept_mean": mean("dynamic_sampling/frac_kept"),
         "ds_short_steps": sum(r.get("dynamic_sampling/short_step", 0) for r in ds_rows) if ds_rows else None,

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -43,10 +44,6 @@ RUNS = {"baseline": REPO / "configs" / "seed-baseline.yaml", "ours": REPO / "con
 def _mean(xs: list[float]) -> float | None:
     xs = [x for x in xs if isinstance(x, (int, float))]
     return sum(xs) / len(xs) if xs else None
-
-
-def _sd(xs: list[float]) -> float | None:
-    return math.sqrt(sum((x - sum(xs) / len(xs)) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else None
 
 
 def cap_changes(train: list[dict], band: tuple[float, float] | None) -> dict:
@@ -82,7 +79,7 @@ def summarize_run(rows: list[dict], config, seconds: float) -> dict:
     first, last = (evals[0], evals[-1]) if evals else ({}, {})
     se = [e.get("eval/score_stderr") for e in (first, last)]
     a = config.generation.adaptive
-    out = {
+    return {
         "steps": n,
         "clipped_ratio_tail": _mean([r.get("completions/clipped_ratio") for r in tail]),
         "clipped_ratio_last_half": _mean([r.get("completions/clipped_ratio") for r in train[n // 2:]]),
@@ -106,7 +103,6 @@ def summarize_run(rows: list[dict], config, seconds: float) -> dict:
         "findings": [f.rule for f in findings],
         "sec_per_step": seconds / n if n else None,
     }
-    return out
 
 
 def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval_samples: int,
@@ -136,7 +132,7 @@ def across_seeds(per_seed: dict[int, dict]) -> dict:
     gains = [r["eval_score_gain"] for r in per_seed.values() if r["eval_score_gain"] is not None]
     ses = [r["eval_score_gain_se"] for r in per_seed.values() if r["eval_score_gain_se"] is not None]
     kls = [r["kl_to_initial_last"] for r in per_seed.values() if r["kl_to_initial_last"] is not None]
-    return {"eval_score_gain": _mean(gains), "eval_score_gain_sd_over_seeds": _sd(gains),
+    return {"eval_score_gain": _mean(gains), "eval_score_gain_sd_over_seeds": statistics.stdev(gains) if len(gains) > 1 else None,
             "eval_score_gain_se": math.sqrt(sum(x * x for x in ses)) / len(ses) if ses else None,
             "kl_to_initial_last": _mean(kls), "seeds": per_seed}
 

@@ -194,13 +194,8 @@ def parse_grade(text: str) -> float | None:
 
 def generative_scores(judge: LLMJudge, batch, max_new_tokens: int) -> tuple[list[float], int, float]:
     """Generate with the judge on the same prompt ids, parse; failures score 0 as in the seed."""
-    seqs = judge.build_batch(*batch)
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), judge.pad_id)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):  # generation needs left padding
-        ids[i, width - len(s) :] = torch.tensor(s)
-        mask[i, width - len(s) :] = 1
+    ids, mask, _ = judge._pad(judge.build_batch(*batch), "left")  # generation needs left padding
+    width = ids.shape[1]
     with torch.inference_mode():
         out = judge.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
@@ -335,7 +330,7 @@ def measure(args) -> dict:
         big = LLMJudge.from_pretrained(big_path, device="cpu", max_input_tokens=512)
         sres = bench_shared(big, paragraphs, rng, args.shared_batches)
     rounded = lambda d: {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
-    result = {
+    return {
         "rouge_speedup": round(rouge["speedup"], 1),
         "judge_speedup": round(jres["speedup_16"], 2),
         "judge_speedup_64": round(jres["speedup_64"], 2),
@@ -352,7 +347,6 @@ def measure(args) -> dict:
         "judge": rounded(jres),
         "judge_shared": rounded(sres),
     }
-    return result
 
 
 def print_table(res: dict) -> None:

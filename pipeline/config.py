@@ -524,10 +524,10 @@ def _check_optimization(cfg: RunConfig, base_dir: Path | None) -> list[str]:
 
 
 def _check_rewards(cfg: RunConfig, base_dir: Path | None) -> list[str]:
-    r, p = cfg.rewards, []
-    for k in (k for k in r.weights if k not in REWARD_COMPONENTS):
-        p.append(f"rewards.weights.{k}: unknown component"
-                 + (did_you_mean(k, REWARD_COMPONENTS) or f" (allowed: {', '.join(REWARD_COMPONENTS)})"))
+    r = cfg.rewards
+    p = [f"rewards.weights.{k}: unknown component"
+         + (did_you_mean(k, REWARD_COMPONENTS) or f" (allowed: {', '.join(REWARD_COMPONENTS)})")
+         for k in r.weights if k not in REWARD_COMPONENTS]
     p += [f"rewards.weights.{k}: {w} must be >= 0" for k, w in r.weights.items() if w < 0]
     if r.weights and all(w == 0 for w in r.weights.values()):
         p.append("rewards.weights: all weights are 0; at least one component must count")

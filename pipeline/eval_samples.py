@@ -36,8 +36,7 @@ def eval_rows(step: int, records: Sequence[Mapping[str, Any]], answers: Sequence
 
 def write(path: Path, rows: list[dict[str, Any]]) -> None:
     with Path(path).open("a", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
 def by_evaluation(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:

@@ -374,18 +374,12 @@ def _estimate(x: _Inputs) -> tuple[dict[str, int], dict[str, str], str]:
     # fp32 (autocast_adapter_dtype) and AdamW keeps m, v in the param dtype: 4 + 4 + 8. fp32 runs: 4 + 4 + 8.
     wb, gb, ob = (2, 2, 12) if mixed and (x.zero_stage >= 1 or not x.lora) else (4, 4, 8)
     sharded = f" / {k} GPUs (ZeRO-3)" if shard > 1 else ""
-    if x.lora:
-        c["base_weights"] = live if offloaded else n_params * a // shard
-        why["base_weights"] = ("ZeRO-3 offloaded to CPU; two gathered modules stay" if offloaded
-                               else f"{_n(n_params)} frozen params x {a} B{sharded}")
-        c["lora_weights"] = 0 if offloaded else n_train * wb // shard
-        why["lora_weights"] = f"{_n(n_train)} params (r={x.lora_r}) x {wb} B{sharded}"
-    else:
-        c["base_weights"] = live if offloaded else n_params * wb // shard
-        why["base_weights"] = ("ZeRO-3 offloaded to CPU; two gathered modules stay" if offloaded
-                               else f"{_n(n_params)} trainable params x {wb} B{sharded}")
-        c["lora_weights"] = 0
-        why["lora_weights"] = "lora.enabled false"
+    base_b = a if x.lora else wb  # the frozen base in the compute dtype; full fine-tuning's weights as trained
+    c["base_weights"] = live if offloaded else n_params * base_b // shard
+    why["base_weights"] = ("ZeRO-3 offloaded to CPU; two gathered modules stay" if offloaded
+                           else f"{_n(n_params)} {'frozen' if x.lora else 'trainable'} params x {base_b} B{sharded}")
+    c["lora_weights"] = 0 if offloaded or not x.lora else n_train * wb // shard
+    why["lora_weights"] = f"{_n(n_train)} params (r={x.lora_r}) x {wb} B{sharded}" if x.lora else "lora.enabled false"
     grad_shard = k if x.zero_stage >= 2 else 1
     c["gradients"] = n_train * gb // grad_shard
     if x.zero_stage == 0 and k > 1:

@@ -34,9 +34,7 @@ def filesystem(location: str):
     """
     import pyarrow.fs as pafs
 
-    location = str(location)
-    if location.startswith("file://"):
-        location = location[len("file://"):]
+    location = str(location).removeprefix("file://")
     if not is_uri(location):
         return pafs.LocalFileSystem(), str(Path(location).expanduser().resolve())
     scheme, rest = location.split("://", 1)
