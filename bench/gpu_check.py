@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -814,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {
         "device": torch.cuda.get_device_name(0) + f" ({gpu_gib:.1f} GiB)" if on_gpu else "cpu (tiny shapes)",
         "num_gpus": num_gpus if on_gpu else 0, "mode": mode.name, "torch": torch.__version__, "trl": trl.__version__,
-        "vllm": _version("vllm") if vllm else None,
+        "vllm": importlib.metadata.version("vllm") if vllm else None,
         "policy": mode.policy.source, "judge_model": mode.judge.source,
         "budget_s": budget, "elapsed_s": time.perf_counter() - t_start,
         "cases": [case_json(c) for c in cases],
@@ -828,15 +829,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(res, default=str) if args.json else text, flush=True)
     failed = [c for c in cases if c.status == "failed"]
     return 0 if ran and not failed and res["exact_terms_ok"] else 1
-
-
-def _version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":

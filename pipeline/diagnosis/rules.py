@@ -109,13 +109,8 @@ def _advice(cfg: Mapping[str, Any] | None, key: str, value: Any, reason: str) ->
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, float):
-        return repr(v)
-    if v is None:
-        return "null"
-    return str(v) if not isinstance(v, (list, dict)) else json.dumps(v)
+    """A config value as the YAML and --set spell it: a string bare, anything else as JSON (true, null, [..])."""
+    return v if isinstance(v, str) else json.dumps(v, default=str)
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
