@@ -98,8 +98,7 @@ def _iter_local(path: Path, report: SkipReport) -> Iterator[Any]:
             import pyarrow.parquet as pq
 
             try:
-                batches = pq.ParquetFile(f).iter_batches(batch_size=1024)
-                for batch in batches:
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
                     yield from batch.to_pylist()
             except (pa.ArrowException, OSError) as e:
                 raise DataError(f"data.path: {f} is not a readable Parquet file ({type(e).__name__}: {e})") from None

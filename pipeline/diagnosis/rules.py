@@ -436,15 +436,10 @@ def judge_rouge_divergence(h: History, end: int, s: RuleSettings, cfg: Mapping[s
     )
 
 
-RULES: dict[str, Rule] = {
-    "never_stops": never_stops,
-    "entropy_collapse": entropy_collapse,
-    "no_effective_update": no_effective_update,
-    "zero_variance_groups": zero_variance_groups,
-    "length_schedule_ignored": length_schedule_ignored,
-    "reward_plateau": reward_plateau,
-    "judge_rouge_divergence": judge_rouge_divergence,
-}
+# Each rule by its function's name, the name its findings carry.
+RULES: dict[str, Rule] = {rule.__name__: rule for rule in (
+    never_stops, entropy_collapse, no_effective_update, zero_variance_groups, length_schedule_ignored, reward_plateau,
+    judge_rouge_divergence)}
 
 
 def config_dict(config: Any) -> Mapping[str, Any] | None:
