@@ -158,9 +158,8 @@ def build_tiny_judge(paragraphs: list[dict], folder: Path, seed: int = 0, sharpe
     return folder
 
 
-def judge_batches(
-    paragraphs: list[dict], n_batches: int, rng: random.Random, group: int = GROUP
-) -> list[tuple[list[str], list[str], list[str]]]:
+def judge_batches(paragraphs: list[dict], n_batches: int, rng: random.Random,
+                  group: int = GROUP) -> list[tuple[list[str], list[str], list[str]]]:
     """64 = 64/G prompts x G candidate answers; candidates are sentences of the prompt's paragraph."""
     usable = [p for p in paragraphs if len(sentences(p["context"])) >= 4]
     batches = []

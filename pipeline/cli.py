@@ -15,14 +15,8 @@ from pipeline.inert import warn_inert
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help=f"run config YAML (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parent.parent)})")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="GROUP.KEY=VALUE",
-        help="override one config field, e.g. --set optimization.learning_rate=1e-5 (repeatable)",
-    )
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="GROUP.KEY=VALUE",
+                   help="override one config field, e.g. --set optimization.learning_rate=1e-5 (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,14 +20,8 @@ def is_terminated(completion_ids: Sequence[int], eos_token_ids: Iterable[int]) -
     return len(completion_ids) > 0 and completion_ids[-1] in set(eos_token_ids)
 
 
-def eos_reward(
-    completion_ids: Sequence[int],
-    eos_token_ids: Iterable[int],
-    max_len: int,
-    *,
-    eos_bonus: float = 0.1,
-    truncation_penalty: float = 0.1,
-) -> float:
+def eos_reward(completion_ids: Sequence[int], eos_token_ids: Iterable[int], max_len: int, *, eos_bonus: float = 0.1,
+               truncation_penalty: float = 0.1) -> float:
     """+eos_bonus if terminated, -truncation_penalty if cut at ``max_len`` (len >= max_len), else 0."""
     if is_terminated(completion_ids, eos_token_ids):
         return eos_bonus
@@ -62,24 +56,15 @@ def brevity_penalty(completion: Sequence[int] | int, max_len: int) -> float:
     return -_length(completion) / max_len if max_len > 0 else 0.0
 
 
-def eos_component(
-    completion_ids: Sequence[int],
-    eos_token_ids: Iterable[int],
-    max_len: int,
-    *,
-    eos_bonus: float = 0.1,
-    truncation_penalty: float = 0.1,
-    overlong_buffer: int = 16,
-    overlong_weight: float = 0.1,
-    brevity_weight: float = 0.0,
-) -> float:
+def eos_component(completion_ids: Sequence[int], eos_token_ids: Iterable[int], max_len: int, *, eos_bonus: float = 0.1,
+                  truncation_penalty: float = 0.1, overlong_buffer: int = 16, overlong_weight: float = 0.1,
+                  brevity_weight: float = 0.0) -> float:
     """The ``eos`` reward: termination bonus/penalty + weighted overlong + weighted brevity."""
     if max_len <= 0:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     n = len(completion_ids)
-    value = eos_reward(
-        completion_ids, eos_token_ids, max_len, eos_bonus=eos_bonus, truncation_penalty=truncation_penalty
-    )
+    value = eos_reward(completion_ids, eos_token_ids, max_len, eos_bonus=eos_bonus,
+                       truncation_penalty=truncation_penalty)
     if overlong_weight:
         value += overlong_weight * overlong_penalty(n, max_len, overlong_buffer)
     if brevity_weight:
@@ -87,9 +72,8 @@ def eos_component(
     return value
 
 
-def eos_component_batch(
-    completion_ids: Sequence[Sequence[int]], eos_token_ids: Iterable[int], max_len: int, **kwargs: float
-) -> list[float]:
+def eos_component_batch(completion_ids: Sequence[Sequence[int]], eos_token_ids: Iterable[int], max_len: int,
+                        **kwargs: float) -> list[float]:
     """``eos_component`` for each completion (same keyword arguments)."""
     eos = frozenset(eos_token_ids)
     return [eos_component(ids, eos, max_len, **kwargs) for ids in completion_ids]

