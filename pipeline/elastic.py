@@ -102,10 +102,8 @@ def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print
     """Rank 0 at each start of the worker group: an events.jsonl ``workers`` record, ``resize`` when
     the count differs from the one the run last trained on. ``args`` is the trainer's GRPOConfig, so
     the samples per optimizer step recorded are those TRL really uses."""
-    last = None
-    for e in read_metrics(Path(run_dir) / EVENTS):
-        if e.get("event") in ("workers", "resize"):
-            last = e.get("num_workers")
+    last = next((e.get("num_workers") for e in reversed(read_metrics(Path(run_dir) / EVENTS))
+                 if e.get("event") in ("workers", "resize")), None)
     fields = dict(num_workers=world_size, step=step, gradient_accumulation_steps=args.gradient_accumulation_steps,
                   samples_per_step=args.per_device_train_batch_size * world_size * args.gradient_accumulation_steps,
                   generation_batch_size=args.generation_batch_size)

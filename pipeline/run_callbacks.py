@@ -271,9 +271,8 @@ class Evaluator(TrainerCallback):
         gathered = sorted(gathered, key=lambda x: x[0])
         metrics: dict[str, float] = {}
         if gathered:
-            recs = [self.records[items[j]] for j, _, _, _ in gathered]
-            cands = [t for _, t, _, _ in gathered]
-            ids = [x for _, _, x, _ in gathered]
+            js, cands, ids, kls = (list(column) for column in zip(*gathered))
+            recs = [self.records[items[j]] for j in js]
             q, ref = [r["question"] for r in recs], [r["reference"] for r in recs]
             pool = self.pool
 
@@ -290,17 +289,14 @@ class Evaluator(TrainerCallback):
                 eval_samples.write(self.samples_path, rows)
                 eval_samples.to_tensorboard(tr, step, rows)
             n = len(cands)
-            for key, v in scores.items():
-                metrics[f"eval/{key}"] = sum(v) / n
-            metrics["eval/eos_rate"] = sum(ended) / n
-            metrics["eval/mean_length"] = sum(len(x) for x in ids) / n
-            metrics["eval/max_new_tokens"] = max_new
-            metrics["eval/num_completions"] = n
+            metrics = {**{f"eval/{key}": sum(v) / n for key, v in scores.items()}, "eval/eos_rate": sum(ended) / n,
+                       "eval/mean_length": sum(len(x) for x in ids) / n, "eval/max_new_tokens": max_new,
+                       "eval/num_completions": n}
             w = self.cfg.eval.score_weights
             per = [eval_samples.answer_score({c: v[i] for c, v in scores.items()}, ended[i], w) for i in range(n)]
             metrics["eval/score"] = sum(per) / n
-            metrics["eval/score_stderr"] = score_stderr([items[j] for j, _, _, _ in gathered], per)
-            kls = [kl for _, _, _, kl in gathered if kl is not None]
+            metrics["eval/score_stderr"] = score_stderr([items[j] for j in js], per)
+            kls = [kl for kl in kls if kl is not None]
             if kls:
                 metrics["eval/kl_to_initial"] = sum(kls) / len(kls)
                 metrics["eval/kl_to_initial_stderr"] = math.sqrt(statistics.variance(kls) / len(kls)) if len(kls) > 1 else 0.0

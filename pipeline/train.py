@@ -261,14 +261,11 @@ def train_cli(cfg: RunConfig, args) -> int:
               file=sys.stderr)
     run_dir = run_dir.resolve()
     if cfg.distributed.use_gpu:
-        try:
-            from pipeline.memory import warn_if_not_fits
+        from pipeline.memory import warn_if_not_fits
 
-            warning = warn_if_not_fits(cfg)
-            if warning:
-                print(f"[plan] WARNING: {warning}", file=sys.stderr)
-        except ImportError:
-            pass
+        warning = warn_if_not_fits(cfg)
+        if warning:
+            print(f"[plan] WARNING: {warning}", file=sys.stderr)
     # Everything a retry cannot fix is found here, before Ray or any model starts (exit 2).
     try:
         check_source(cfg.data)

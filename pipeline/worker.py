@@ -193,7 +193,7 @@ def train_loop_per_worker(config: dict) -> None:
     from pipeline.length_control import CompletionLengthControl, reference_floor
     from pipeline.reward_clients import make_pool_reward_funcs
     from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks
-    from pipeline.storage import sync_callback
+    from pipeline.storage import RunFileSync, sync_callback
     from rewards.judge import SelfJudge
 
     rank = ray.train.get_context().get_world_rank()
@@ -238,11 +238,8 @@ def train_loop_per_worker(config: dict) -> None:
     evaluator.samples_path = run_dir / EVAL_SAMPLES if is_rank0 else None
     events = RunEvents(run_dir, length_ctl, health)
     reporter = RayTrainReporter()
-    sync = None
-    if is_rank0 and store is not None:  # the run's files follow it to storage, uploaded in a thread
-        from pipeline.storage import RunFileSync
-
-        sync = RunFileSync(store, run_dir)
+    # with storage, the run's files follow it there, uploaded in a thread
+    sync = RunFileSync(store, run_dir) if is_rank0 and store is not None else None
     callbacks = training_callbacks(length_control=length_ctl, samples=samples, health=health, events=events,
                                    metrics=metrics, reporter=reporter, evaluator=evaluator,
                                    sync=None if sync is None else sync_callback(sync))
