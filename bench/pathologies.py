@@ -132,7 +132,8 @@ def across_seeds(per_seed: dict[int, dict]) -> dict:
     gains = [r["eval_score_gain"] for r in per_seed.values() if r["eval_score_gain"] is not None]
     ses = [r["eval_score_gain_se"] for r in per_seed.values() if r["eval_score_gain_se"] is not None]
     kls = [r["kl_to_initial_last"] for r in per_seed.values() if r["kl_to_initial_last"] is not None]
-    return {"eval_score_gain": _mean(gains), "eval_score_gain_sd_over_seeds": statistics.stdev(gains) if len(gains) > 1 else None,
+    return {"eval_score_gain": _mean(gains),
+            "eval_score_gain_sd_over_seeds": statistics.stdev(gains) if len(gains) > 1 else None,
             "eval_score_gain_se": math.sqrt(sum(x * x for x in ses)) / len(ses) if ses else None,
             "kl_to_initial_last": _mean(kls), "seeds": per_seed}
 

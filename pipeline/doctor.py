@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 
 from pipeline.diagnosis.history import History
-from pipeline.diagnosis.report import doctor, findings_text, input_warnings, write_report
-from pipeline.diagnosis.rules import RULES, Finding, RuleSettings, Tracker, check, diagnose
-from pipeline.diagnosis.run_reader import Run, RunDirError, load_run
+from pipeline.diagnosis.report import doctor, findings_text, input_warnings
+from pipeline.diagnosis.rules import RULES, Finding, RuleSettings, check, diagnose
+from pipeline.diagnosis.run_reader import RunDirError, load_run
 
-__all__ = ["RULES", "Finding", "History", "Run", "RunDirError", "RuleSettings", "Tracker", "check", "diagnose",
-           "doctor", "doctor_cli", "load_run", "write_report"]
+__all__ = ["RULES", "Finding", "History", "RunDirError", "RuleSettings", "check", "diagnose", "doctor", "doctor_cli",
+           "load_run"]
 
 
 def doctor_cli(args) -> int:

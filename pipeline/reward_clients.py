@@ -22,7 +22,8 @@ def eos_kwargs(cfg: RunConfig) -> dict[str, float]:
     return {k: getattr(cfg.rewards, k) for k in EOS_KWARGS}
 
 
-def make_pool_reward_funcs(pool: RewardPool, cfg: RunConfig, eos_token_ids: list[int], current_max_len: Callable[[], int],
+def make_pool_reward_funcs(pool: RewardPool, cfg: RunConfig, eos_token_ids: list[int],
+                           current_max_len: Callable[[], int],
                            self_judge: Any | None = None) -> tuple[list[Callable], list[float]]:
     """(reward_funcs, reward_weights) for ``rewards.trl_rewards.scored_components``: the cheap components
     are scored and logged at any weight (the seed baseline's EOS rate is part of what the comparison

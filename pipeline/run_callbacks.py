@@ -299,7 +299,8 @@ class Evaluator(TrainerCallback):
             kls = [kl for kl in kls if kl is not None]
             if kls:
                 metrics["eval/kl_to_initial"] = sum(kls) / len(kls)
-                metrics["eval/kl_to_initial_stderr"] = math.sqrt(statistics.variance(kls) / len(kls)) if len(kls) > 1 else 0.0
+                var = statistics.variance(kls) if len(kls) > 1 else 0.0
+                metrics["eval/kl_to_initial_stderr"] = math.sqrt(var / len(kls))
         self.last = metrics
         return metrics
 

@@ -52,7 +52,8 @@ class Dist:
 
         if self.kind == "choice":
             return tune.choice(list(self.args))
-        return self.args[0] if self.kind == "fixed" else getattr(tune, self.kind)(*self.args)  # loguniform, uniform, randint
+        # loguniform, uniform and randint by name
+        return self.args[0] if self.kind == "fixed" else getattr(tune, self.kind)(*self.args)
 
     def corners(self) -> list[Any]:
         """The values most likely to break a config: both ends, every option."""

@@ -72,8 +72,8 @@ def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: boo
         (o, ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "adam_beta1",
              "adam_beta2", "weight_decay", "lr_scheduler_type", "max_grad_norm", "seed")),
         (g, ("steps_per_generation", "num_generations", "temperature", "top_p", "vllm_gpu_memory_utilization")),
-        (gr, ("beta", "epsilon", "epsilon_high", "entropy_coef", "entropy_target", "entropy_coef_max", "entropy_coef_delta",
-              "loss_type", "mask_truncated_completions", "scale_rewards", "num_iterations")),
+        (gr, ("beta", "epsilon", "epsilon_high", "entropy_coef", "entropy_target", "entropy_coef_max",
+              "entropy_coef_delta", "loss_type", "mask_truncated_completions", "scale_rewards", "num_iterations")),
     ]
     return GRPOConfig(
         output_dir=str(run_dir / TRAINER_DIR),
@@ -144,14 +144,12 @@ def load_policy(cfg: RunConfig, on_gpu: bool, tokenizer=None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    policy = resolve_policy_path(cfg)
-    common = dict(revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
     tokenizer = tokenizer or load_tokenizer(cfg)
     flags = precision_flags(cfg, on_gpu)
     dtype = torch.bfloat16 if flags["bf16"] else torch.float16 if flags["fp16"] else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(
-        policy, dtype=dtype, attn_implementation=cfg.model.attn_implementation, **common
-    )
+    model = AutoModelForCausalLM.from_pretrained(resolve_policy_path(cfg), dtype=dtype, revision=cfg.model.revision,
+                                                 attn_implementation=cfg.model.attn_implementation,
+                                                 trust_remote_code=cfg.model.trust_remote_code)
     eos_ids = model.generation_config.eos_token_id or tokenizer.eos_token_id
     eos_ids = [int(x) for x in (eos_ids if isinstance(eos_ids, list) else [eos_ids])]
     return tokenizer, model, eos_ids

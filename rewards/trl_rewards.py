@@ -145,7 +145,8 @@ def scored_components(weights: Mapping[str, float]) -> list[str]:
 
 
 def make_reward_funcs(weights: Mapping[str, float], judge: Judge | None, eos_token_ids: Sequence[int],
-                      max_len_fn: Callable[[], int], eos_kwargs: Mapping[str, Any]) -> tuple[list[Callable], list[float]]:
+                      max_len_fn: Callable[[], int],
+                      eos_kwargs: Mapping[str, Any]) -> tuple[list[Callable], list[float]]:
     """Reward functions and their TRL ``reward_weights`` for ``scored_components(weights)``; a positive
     judge weight without a judge is an error."""
     names = scored_components(weights)
