@@ -103,8 +103,8 @@ def apply_max_completion_length(trainer, length: int) -> None:
         raise _seam_gone("GRPOTrainer.max_completion_length")
     trainer.max_completion_length = length
     trainer.args.max_completion_length = length  # for anything that reads args later (and for the record)
+    vllm = getattr(trainer, "vllm_generation", None)
     if getattr(trainer, "use_vllm", False):
-        vllm = getattr(trainer, "vllm_generation", None)
         if vllm is None or not hasattr(vllm, "max_completion_length"):
             raise _seam_gone("GRPOTrainer.vllm_generation.max_completion_length")
     else:
@@ -115,7 +115,6 @@ def apply_max_completion_length(trainer, length: int) -> None:
             raise _seam_gone("GRPOTrainer.generation_kwargs")
         gen_cfg.max_new_tokens = length
         kwargs["max_new_tokens"] = length
-    vllm = getattr(trainer, "vllm_generation", None)
     if vllm is not None:
         if hasattr(vllm, "max_completion_length"):
             vllm.max_completion_length = length

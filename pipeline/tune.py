@@ -137,12 +137,11 @@ def _trial_dirname(trial) -> str:
 
 def max_concurrent_trials(cfg: RunConfig, resources: dict[str, float]) -> int:
     """Trials that fit beside the shared pool: (cluster - pool) / (trial driver + workers), at least 1."""
+    from pipeline.elastic import worker_range
     from pipeline.reward_pool import judge_actor_options, training_worker_gpus
 
     d, j = cfg.distributed, cfg.judge
     judge = judge_actor_options(cfg)
-    from pipeline.elastic import worker_range
-
     workers = worker_range(cfg)[1]
     per_trial_cpu = TRIAL_DRIVER_CPUS + workers * d.cpus_per_worker
     fits = [(resources.get("CPU", 0.0) - j.num_actors * judge["num_cpus"]) / per_trial_cpu]
