@@ -167,26 +167,6 @@ def test_all_constant_runs_short_and_continues(tmp_path, tiny_policy):
     assert all(h["loss"] == 0.0 for h in trainer.state.log_history if "loss" in h)
 
 
-@pytest.mark.slow
-def test_two_workers_zero2_with_dynamic_sampling(ray_local, tmp_path):
-    from tests.test_train_ray import run, small, train_rows
-
-    data = small(tmp_path, distributed={"num_workers": 2, "zero_stage": 2, "cpus_per_worker": 0.5},
-                 judge={"cpus_per_actor": 0.25}, optimization={"per_device_train_batch_size": 4, "max_steps": 2},
-                 eval={"num_prompts": 2, "every_steps": 2}, output={"save_steps": 2, "checkpoints_kept": 1},
-                 grpo={"dynamic_sampling": {"enabled": True, "min_std": 0.2, "max_rounds": 1}})
-    _, run_dir, _ = run(tmp_path, data, "ds_zero2")
-
-    rows = train_rows(run_dir)
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
-        for key in ("dropped_groups", "rounds", "frac_kept", "extra_generation_seconds", "short_step"):
-            assert f"dynamic_sampling/{key}" in r, key
-        assert r["dynamic_sampling/rounds"] in (0.0, 1.0)
-    assert (run_dir / "adapter" / "adapter_config.json").is_file()
-    assert read_metrics(run_dir / "metrics.jsonl")
-
-
 def test_plan_counts_the_refill_round(tmp_path):
     from pipeline.memory import plan_run
 

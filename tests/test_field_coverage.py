@@ -48,7 +48,7 @@ FIELD_TESTS: dict[str, str] = {
     "judge.gpus_per_actor": "tests/test_knobs.py::test_placement_decides_the_judge_actors_ray_resources",
     "judge.placement": "tests/test_knobs.py::test_placement_decides_the_judge_actors_ray_resources",
     "judge.max_batch_size": "tests/test_knobs.py::test_judge_max_batch_size_bounds_every_forward_pass",
-    "judge.max_restarts": "tests/test_train_ray.py::test_judge_actor_killed_mid_run_every_step_scored",
+    "judge.max_restarts": "tests/test_train_ray.py::test_judge_and_workers_killed_mid_run_every_step_scored_once",
     "grpo.dynamic_sampling.enabled": "tests/test_dynamic_sampling.py::test_constant_groups_never_reach_the_loss",
     "grpo.dynamic_sampling.min_std": "tests/test_dynamic_sampling.py::test_keep_mask_follows_min_std",
     "grpo.dynamic_sampling.max_rounds": "tests/test_dynamic_sampling.py::test_all_constant_runs_short_and_continues",

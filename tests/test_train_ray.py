@@ -50,8 +50,10 @@ def run(tmp_path: Path, data: dict, name: str, pool=None):
 
 
 def test_two_workers_zero2_end_to_end(ray_local, tmp_path):
+    """Two ranks, ZeRO-2, with dynamic sampling on: its refill gathers groups across the ranks."""
     data = small(tmp_path, distributed={"num_workers": 2, "zero_stage": 2, "cpus_per_worker": 0.5},
-                 judge={"cpus_per_actor": 0.25}, optimization={"per_device_train_batch_size": 4})
+                 judge={"cpus_per_actor": 0.25}, optimization={"per_device_train_batch_size": 4},
+                 grpo={"dynamic_sampling": {"enabled": True, "min_std": 0.2, "max_rounds": 1}})
     cfg, run_dir, outcome = run(tmp_path, data, "zero2")
 
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["distributed"]["zero_stage"] == 2
@@ -63,6 +65,9 @@ def test_two_workers_zero2_end_to_end(ray_local, tmp_path):
         for key in ("reward", "reward_std", "entropy", "completions/clipped_ratio", "completions/max_length",
                     "clip_ratio/region_mean", "frac_reward_zero_std", "generation/max_completion_length"):
             assert key in r, key
+        for key in ("dropped_groups", "rounds", "frac_kept", "extra_generation_seconds", "short_step"):
+            assert f"dynamic_sampling/{key}" in r, key
+        assert r["dynamic_sampling/rounds"] in (0.0, 1.0)
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/score" in r]
     assert [r["step"] for r in evals] == [0, 2, 4]
     assert all(0 <= r["eval/score"] <= 1 and 0 <= r["eval/eos_rate"] <= 1 for r in evals)
@@ -119,36 +124,6 @@ def test_length_schedule_changes_what_generation_reads(ray_local, tmp_path, tiny
     assert rows[4]["generation/max_completion_length"] == 20
 
 
-def test_judge_actor_killed_mid_run_every_step_scored(ray_local, tmp_path):
-    from pipeline.reward_pool import start_pool, stop_pool
-
-    data = small(tmp_path, optimization={"max_steps": 6}, judge={"max_restarts": 2, "max_retries": 4})
-    cfg = config_from_dict(data)
-    pool = start_pool(cfg)
-    before = ray_local.get(pool.judges[0].pid.remote())
-    run_dir = tmp_path / "judge-kill"
-    killed = threading.Event()
-
-    def killer():
-        deadline = time.time() + 600
-        while time.time() < deadline and len(train_rows(run_dir)) < 2:
-            time.sleep(0.2)
-        ray_local.kill(pool.judges[0], no_restart=False)
-        killed.set()
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
-    try:
-        run(tmp_path, data, "judge-kill", pool=pool)
-        after = ray_local.get(pool.judges[0].pid.remote())
-    finally:
-        stop_pool(pool)
-    assert killed.is_set() and after != before  # the actor died and Ray restarted it
-    rows = train_rows(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, 7))
-    assert all(math.isfinite(r["rewards/judge/mean"]) and r["rewards/judge/mean"] > 0 for r in rows)
-
-
 def test_pool_error_names_the_actor_after_retries(ray_local):
     from pipeline.reward_pool import RewardPoolError, start_pool, stop_pool
 
@@ -181,15 +156,26 @@ def resume_events(run_dir: Path) -> list[int]:
     return [e["step"] for e in read_metrics(run_dir / "events.jsonl") if e.get("event") == "resume"]
 
 
-def test_worker_killed_resumes_from_checkpoint(ray_local, tmp_path):
+def test_judge_and_workers_killed_mid_run_every_step_scored_once(ray_local, tmp_path):
+    """Two faults in one run: the judge actor dies at step 2 (Ray restarts it, the pool scores the batch
+    again), then every training worker dies once a checkpoint is registered (Ray Train restarts the
+    group from it). One run for both: each start of a run costs half a minute of the suite."""
+    from pipeline.reward_pool import start_pool, stop_pool
+
     steps_total = 16
     data = small(tmp_path, optimization={"max_steps": steps_total}, distributed={"max_failures": 1},
-                 eval={"num_prompts": 0})
-    run_dir = tmp_path / "worker-kill"
-    killed = []
+                 judge={"max_restarts": 2, "max_retries": 4}, eval={"num_prompts": 0})
+    pool = start_pool(config_from_dict(data))
+    before = ray_local.get(pool.judges[0].pid.remote())
+    run_dir = tmp_path / "faults"
+    judge_killed, killed = threading.Event(), []
 
     def killer():
         deadline = time.time() + 600
+        while time.time() < deadline and len(train_rows(run_dir)) < 2:
+            time.sleep(0.1)
+        ray_local.kill(pool.judges[0], no_restart=False)
+        judge_killed.set()
         while time.time() < deadline and not registered_checkpoints(run_dir):
             time.sleep(0.1)
         for pid in _ray_train_worker_pids():
@@ -198,13 +184,19 @@ def test_worker_killed_resumes_from_checkpoint(ray_local, tmp_path):
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
-    run(tmp_path, data, "worker-kill")
+    try:
+        run(tmp_path, data, "faults", pool=pool)
+        after = ray_local.get(pool.judges[0].pid.remote())
+    finally:
+        stop_pool(pool)
     t.join(timeout=5)
+    assert judge_killed.is_set() and after != before  # the actor died and Ray restarted it
     assert killed, "no Ray Train worker was killed"
     resumed = resume_events(run_dir)
     assert len(resumed) == 1 and 2 <= resumed[0] < steps_total  # restarted from a checkpoint, not from scratch
-    steps = [r["step"] for r in train_rows(run_dir)]
-    assert steps == list(range(1, steps_total + 1))  # finished at the target, no step logged twice
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps_total + 1))  # finished at the target, no step twice
+    assert all(math.isfinite(r["rewards/judge/mean"]) and r["rewards/judge/mean"] > 0 for r in rows)  # all judged
     last = sorted((run_dir / RAY_TRAIN_DIR).glob("checkpoint-*"))[-1]
     assert json.loads((last / "trainer_state.json").read_text())["global_step"] == steps_total
 

@@ -477,12 +477,20 @@ def fingerprint(run_dir: Path) -> dict[str, float]:
     return {str(p.relative_to(run_dir)): p.stat().st_mtime for p in run_dir.rglob("*") if p.is_file()}
 
 
+CRASH_STEPS = 8
+
+
 @pytest.mark.slow
 def test_crashed_search_resumes_keeping_finished_trials(tmp_path):
     """The CLI killed (with its whole local Ray) once a trial has finished; --resume completes the rest."""
     cfg_path, space_path = tmp_path / "tiny.yaml", tmp_path / "space.yaml"
-    cfg_path.write_text(yaml.safe_dump(small_tune(tmp_path)))
-    space_path.write_text(yaml.safe_dump({**tiny_space(), "asha": {"grace_period": 4}}))  # no early stops here
+    # 8 steps, a checkpoint every 2: Ray Train registers a checkpoint a step or two after the worker saved it
+    # (the upload runs beside training), so with 4 steps the window between a registered checkpoint and the
+    # trial's end was under a second and CI twice saw a whole search pass without one trial caught in it.
+    data = small_tune(tmp_path)
+    data["optimization"]["max_steps"], data["eval"]["every_steps"] = CRASH_STEPS, 4
+    cfg_path.write_text(yaml.safe_dump(data))
+    space_path.write_text(yaml.safe_dump({**tiny_space(), "asha": {"grace_period": CRASH_STEPS}}))  # no early stops
     exp_dir = tmp_path / "crash"
     cmd = [sys.executable, "-m", "pipeline", "tune", "--config", str(cfg_path), "--space", str(space_path),
            "--address", "local", "--name", "crash"]
@@ -501,8 +509,12 @@ def test_crashed_search_resumes_keeping_finished_trials(tmp_path):
     # is frozen (SIGSTOP) and read again before the kill: a trial seen between checkpoints could
     # otherwise finish in the moment between the look and the kill (CI saw one do so).
     deadline, caught, states = time.time() + 600, set(), {}
+    seen: list[tuple] = []  # (time, states, per trial: registered checkpoints, trained), each change: the failure message
     while time.time() < deadline and first.poll() is None:
         states, caught = trial_states(exp_dir), mid_run()
+        look = (states, {t: (registered_checkpoints(exp_dir / "trials" / t), trained(exp_dir / "trials" / t)) for t in states})
+        if not seen or seen[-1][1:] != look:
+            seen.append((round(time.time(), 1), *look))
         if caught and "TERMINATED" in states.values():
             signal_session(first.pid, signal.SIGSTOP)
             time.sleep(0.5)  # let writes already in the kernel land
@@ -517,9 +529,10 @@ def test_crashed_search_resumes_keeping_finished_trials(tmp_path):
     caught_at = {t: int(registered_checkpoints(exp_dir / "trials" / t)[-1].rsplit("-", 1)[1]) for t in caught}
     first.wait(timeout=60)
     log = (tmp_path / "first.log").read_text()
-    assert finished and len(finished) < 3, log[-3000:]
+    timeline = "\n".join(map(str, seen))
+    assert finished and len(finished) < 3, timeline + "\n" + log[-2000:]
     print(f"at the crash: states {states}, caught between checkpoints {caught_at}")
-    assert caught, "no trial was caught between checkpoints; the resume-from-checkpoint path went untested"
+    assert caught, "no trial was caught between checkpoints; the resume-from-checkpoint path went untested\n" + timeline
 
     again = subprocess.run([*cmd[:-2], "--name", "crash", "--resume"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=900)
@@ -535,6 +548,6 @@ def test_crashed_search_resumes_keeping_finished_trials(tmp_path):
         assert resume_events(exp_dir / "trials" / t)[:1] == [ckpt], t
     for r in rows:
         steps = [m["step"] for m in map(json.loads, Path(r["run_dir"], "metrics.jsonl").read_text().splitlines()) if "loss" in m]
-        assert steps == [1, 2, 3, 4], (r["trial_id"], steps)  # resumed trials log no step twice, none past max_steps
-        assert r["status"] == "done" and float(r["step"]) == 4
+        assert steps == list(range(1, CRASH_STEPS + 1)), (r["trial_id"], steps)  # no step twice, none past max_steps
+        assert r["status"] == "done" and float(r["step"]) == CRASH_STEPS
     assert (exp_dir / "best.yaml").exists()
