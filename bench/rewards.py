@@ -160,7 +160,10 @@ def build_tiny_judge(paragraphs: list[dict], folder: Path, seed: int = 0, sharpe
 
 def judge_batches(paragraphs: list[dict], n_batches: int, rng: random.Random,
                   group: int = GROUP) -> list[tuple[list[str], list[str], list[str]]]:
-    """64 = 64/G prompts x G candidate answers; candidates are sentences of the prompt's paragraph."""
+    """64 = 64/G prompts x G distinct candidate answers, as a GRPO group's samples are: the gold sentence,
+    the answer span, the paragraph's other sentences, then windows of its words. (Sentences drawn with
+    replacement repeated themselves: at G=16 a group held ~7 distinct answers, and the judge scores each
+    distinct triple once, so G=16 measured a group of ~7.)"""
     usable = [p for p in paragraphs if len(sentences(p["context"])) >= 4]
     batches = []
     for _ in range(n_batches):
@@ -168,9 +171,13 @@ def judge_batches(paragraphs: list[dict], n_batches: int, rng: random.Random,
         for _ in range(64 // group):
             para = rng.choice(usable)
             qa = rng.choice(para["qas"])
-            sents = sentences(para["context"])
+            sents, words = sentences(para["context"]), para["context"].split()
             gold = next((s for s in sents if qa["answers"][0]["text"] in s), sents[0])
-            cands = [gold] + [rng.choice(sents) for _ in range(group - 2)] + [qa["answers"][0]["text"]]
+            cands = list(dict.fromkeys([gold, qa["answers"][0]["text"], *rng.sample(sents, len(sents))]))[:group]
+            while len(cands) < group:
+                n = rng.randint(5, 30)
+                start = rng.randint(0, max(0, len(words) - n))
+                cands += [w for w in [" ".join(words[start : start + n])] if w not in cands]
             q += [qa["question"]] * group
             r += [gold] * group
             c += cands
