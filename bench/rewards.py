@@ -160,10 +160,8 @@ def build_tiny_judge(paragraphs: list[dict], folder: Path, seed: int = 0, sharpe
 
 def judge_batches(paragraphs: list[dict], n_batches: int, rng: random.Random,
                   group: int = GROUP) -> list[tuple[list[str], list[str], list[str]]]:
-    """64 = 64/G prompts x G distinct candidate answers, as a GRPO group's samples are: the gold sentence,
-    the answer span, the paragraph's other sentences, then windows of its words. (Sentences drawn with
-    replacement repeated themselves: at G=16 a group held ~7 distinct answers, and the judge scores each
-    distinct triple once, so G=16 measured a group of ~7.)"""
+    """64 = 64/G prompts x G distinct candidates (the judge scores a repeat once: repeats would shrink G):
+    the gold sentence, the answer span, the paragraph's other sentences, then windows of its words."""
     usable = [p for p in paragraphs if len(sentences(p["context"])) >= 4]
     batches = []
     for _ in range(n_batches):
