@@ -7,9 +7,8 @@ before torch or Ray load. Exit codes: 0 ok, 1 run failed, 2 bad input.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
+from pipeline.config import DEFAULT_CONFIG, ConfigError, cli_error, load_config
 from pipeline.inert import warn_inert
 
 
@@ -96,10 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return plan_cli(cfg, args)
     except ConfigError as e:
-        print(f"synth-grpo {args.command}: invalid config", file=sys.stderr)
-        for problem in e.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
+        return cli_error(args.command, "invalid config", e.problems)
     raise AssertionError(args.command)
 
 

@@ -6,12 +6,11 @@ Reads local run directories through the doctor's reader (same errors for bad inp
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.config import REWARD_COMPONENTS
+from pipeline.config import REWARD_COMPONENTS, cli_error
 from pipeline.diagnosis.run_reader import RunDirError, load_run
 from pipeline.metric_names import CAP_METRIC, is_train_row
 from pipeline.plots import save_png, series
@@ -200,8 +199,7 @@ def compare_cli(args) -> int:
     try:
         table, images = compare(args.run_dirs, out)
     except RunDirError as e:
-        print(f"synth-grpo compare: {e}", file=sys.stderr)
-        return 2
+        return cli_error("compare", e)
     print(f"table: {table}")
     print("plots: " + ", ".join(str(p) for p in images.values()))
     return 0

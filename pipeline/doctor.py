@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from pipeline.config import cli_error
 from pipeline.diagnosis.history import History
 from pipeline.diagnosis.report import doctor, findings_text, input_warnings
 from pipeline.diagnosis.rules import RULES, Finding, RuleSettings, check, diagnose
@@ -20,7 +21,6 @@ __all__ = ["RULES", "Finding", "History", "RunDirError", "RuleSettings", "check"
 
 def doctor_cli(args) -> int:
     """`synth-grpo doctor RUN_DIR [--json]`: 0 when diagnosed (findings or not), 2 for bad input."""
-    err = lambda msg: print(f"synth-grpo doctor: {msg}", file=sys.stderr)  # noqa: E731
     try:
         from pipeline.storage import StorageError, is_uri, local_copy
 
@@ -30,16 +30,14 @@ def doctor_cli(args) -> int:
             print(f"{args.run_dir}: copied to {run_dir}", file=sys.stderr)
         run, findings, report, plots = doctor(run_dir)
     except (RunDirError, StorageError) as e:
-        err(str(e))
-        return 2
+        return cli_error("doctor", e)
     except OSError as e:  # could not write the report or plots
-        err(f"could not write the report in {args.run_dir!r}: {e}")
-        return 1
+        return cli_error("doctor", f"could not write the report in {args.run_dir!r}: {e}", code=1)
     for line in input_warnings(run):
-        err(line)
+        cli_error("doctor", line)
     if getattr(args, "json", False):
         print(Finding.to_json(findings))
-        err(f"wrote {report} and {len(plots)} plots")
+        cli_error("doctor", f"wrote {report} and {len(plots)} plots")
         return 0
     print(findings_text(run, findings, report, plots))
     return 0

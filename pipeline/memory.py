@@ -16,12 +16,11 @@ import importlib.util
 import json
 import math
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import TINY_POLICY, RunConfig
+from pipeline.config import TINY_POLICY, RunConfig, cli_error
 
 GIB = 1024**3
 HEADROOM = 0.05  # "fits" leaves 5% of the GPU free for estimation error
@@ -699,8 +698,7 @@ def plan_cli(cfg: RunConfig, args: Any) -> int:
             gpu_name = "this GPU" if gpu_gib else None
         plan = plan_run(cfg, gpu_gib, args.num_gpus)
     except PlanError as e:
-        print(f"synth-grpo plan: {e}", file=sys.stderr)
-        return 2
+        return cli_error("plan", e)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
         return 0

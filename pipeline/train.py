@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import RunConfig
+from pipeline.config import RunConfig, cli_error
 from pipeline.metric_names import CAP_METRIC, is_train_row
 from pipeline.run_files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
                                 WORKER_FILES, append_event, read_metrics)
@@ -273,13 +273,11 @@ def train_cli(cfg: RunConfig, args) -> int:
             check_writable(cfg.output.storage, run_dir.name)
         resumed = prepare_run_dir(cfg, run_dir, allow_config_change=getattr(args, "allow_config_change", False))
     except (DataError, ResumeConflict, StorageError) as e:
-        print(f"synth-grpo train: {e}", file=sys.stderr)
-        return 2
+        return cli_error("train", e)
     except OSError as e:
         field = "--run-dir" if args.run_dir else "output.root"
-        print(f"synth-grpo train: {field}: cannot write the run directory {run_dir}: "
-              f"{e.strerror or e} ({e.filename or run_dir})", file=sys.stderr)
-        return 2
+        return cli_error("train", f"{field}: cannot write the run directory {run_dir}: "
+                                  f"{e.strerror or e} ({e.filename or run_dir})")
     print(f"[run] {'resuming' if resumed else 'starting'} {run_dir}")
     from pipeline.console import quiet_environment, watch
 
@@ -287,26 +285,21 @@ def train_cli(cfg: RunConfig, args) -> int:
     try:
         init_ray(args.address)
     except RayUnreachable as e:
-        print(f"synth-grpo train: {e}", file=sys.stderr)
-        return 2
+        return cli_error("train", e)
     try:
         with watch(run_dir, cfg.logging.console, cfg.optimization.max_steps, live=cfg.logging.progress_bar):
             outcome = run_training(cfg, run_dir)
     except FatalRunError as e:
-        print(f"synth-grpo train: stopped without retrying (a retry would fail the same way); the run directory "
-              f"{run_dir} is kept\n{e}", file=sys.stderr)
-        return 2
+        return cli_error("train", "stopped without retrying (a retry would fail the same way); the run directory "
+                                  f"{run_dir} is kept\n{e}")
     except RewardPoolError as e:
-        print(f"synth-grpo train: {e}\ncheckpoints so far are kept in {run_dir / RAY_TRAIN_DIR}", file=sys.stderr)
-        return 1
+        return cli_error("train", f"{e}\ncheckpoints so far are kept in {run_dir / RAY_TRAIN_DIR}", code=1)
     except Exception as e:  # Ray wraps worker errors; show the cause, keep the run directory
         cause = e
         while getattr(cause, "__cause__", None) is not None:
             cause = cause.__cause__
-        print(f"synth-grpo train: training failed: {type(cause).__name__}: {cause}\n"
-              f"the run directory {run_dir} and its checkpoints are kept; rerun the same command to resume",
-              file=sys.stderr)
-        return 1
+        return cli_error("train", f"training failed: {type(cause).__name__}: {cause}\nthe run directory "
+                                  f"{run_dir} and its checkpoints are kept; rerun the same command to resume", code=1)
     print("\n=== synth-grpo summary ===\n" + outcome.summary)
     (run_dir / SUMMARY).write_text(outcome.summary + "\n", encoding="utf-8")
     store = run_store(cfg, run_dir)

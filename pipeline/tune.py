@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path
+from pipeline.config import ConfigError, RunConfig, cli_error, config_from_dict, get_path
 from pipeline.run_files import ADAPTER_DIR, CONFIG, METRICS, read_metrics
 from pipeline.search_space import SearchSpace, SpaceError, load_space, parse_space
 
@@ -424,17 +424,13 @@ def tune_cli(cfg: RunConfig, args) -> int:
     from pipeline.train import RayUnreachable, init_ray
 
     if args.samples is not None and args.samples < 1:
-        print(f"synth-grpo tune: --samples {args.samples}: must be >= 1", file=sys.stderr)
-        return 2
+        return cli_error("tune", f"--samples {args.samples}: must be >= 1")
     try:
         space = None if args.resume else load_space(args.space)
         if space is not None:
             _check_base(resolve_base(cfg), space)  # before Ray starts
     except SpaceError as e:
-        print(f"synth-grpo tune: invalid search space {args.space}", file=sys.stderr)
-        for problem in e.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
+        return cli_error("tune", f"invalid search space {args.space}", e.problems)
     name, exp_dir = experiment_dir(cfg, getattr(args, "name", None))
     try:  # storage that cannot be written ends here, before Ray or any model starts
         if cfg.output.storage:
@@ -442,16 +438,13 @@ def tune_cli(cfg: RunConfig, args) -> int:
         store = run_store(cfg, exp_dir)
         where = f"{exp_dir}" + (f" or {store.uri}" if store else "")
         if not args.resume and ((exp_dir / TUNE_DIR).exists() or (store is not None and store.exists(TUNE_DIR))):
-            print(f"synth-grpo tune: a search already exists at {where}; pass --resume to continue it, or another --name",
-                  file=sys.stderr)
-            return 2
+            return cli_error("tune", f"a search already exists at {where}; pass --resume to continue it, "
+                                     "or another --name")
         if args.resume and not ((exp_dir / BASE_CONFIG).is_file() or (store is not None and store.exists(BASE_CONFIG))):
-            print(f"synth-grpo tune: --resume: no search at {where} (it is found through --config's output.root, "
-                  "output.storage and --name)", file=sys.stderr)
-            return 2
+            return cli_error("tune", f"--resume: no search at {where} (it is found through --config's output.root, "
+                                     "output.storage and --name)")
     except StorageError as e:
-        print(f"synth-grpo tune: {e}", file=sys.stderr)
-        return 2
+        return cli_error("tune", e)
     from pipeline.console import quiet_environment
 
     quiet_environment(cfg.logging.console)
@@ -459,13 +452,11 @@ def tune_cli(cfg: RunConfig, args) -> int:
         check_source(cfg.data)
         init_ray(args.address)
     except (DataError, RayUnreachable) as e:
-        print(f"synth-grpo tune: {e}", file=sys.stderr)
-        return 2
+        return cli_error("tune", e)
     try:
         outcome = run_search(cfg, space, name=name, samples=args.samples, resume=args.resume)
     except RewardPoolError as e:
-        print(f"synth-grpo tune: {e}", file=sys.stderr)
-        return 1
+        return cli_error("tune", e, code=1)
     print(f"\n=== synth-grpo tune: {len(outcome.rows)} trials, sorted by {OBJECTIVE} ===")
     print(format_table(outcome.rows, outcome.columns))
     print(f"\nresults: {outcome.results_csv}")
