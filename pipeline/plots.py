@@ -72,9 +72,16 @@ def save_png(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _finish(ax, xlabel=True) -> None:
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="best")
+def _finish(ax, title: str, findings, marks: str, xlabel: bool = True, twin=None) -> None:
+    """Title, the findings of `_MARKS[marks]` marked, one legend of ax's lines (and twin's), grid, step axis."""
+    ax.set_title(title)
+    _mark(ax, findings, _MARKS[marks])
+    handles, labels = ax.get_legend_handles_labels()
+    if twin is not None:
+        more = twin.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    if handles:
+        ax.legend(handles, labels, fontsize=7, loc="best")
     ax.grid(alpha=0.3)
     if xlabel:
         ax.set_xlabel("step")
@@ -102,14 +109,10 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
             ax1.fill_between([p[0] for p in pairs], [p[1] - p[2] for p in pairs], [p[1] + p[2] for p in pairs],
                              color="grey", alpha=0.2, label="± reward_std")
         _line(ax1, rows, "eval/score", marker="o", markersize=3)
-        ax1.set_title("total reward")
-        _mark(ax1, findings, _MARKS["reward"])
-        _finish(ax1, xlabel=False)
+        _finish(ax1, "total reward", findings, "reward", xlabel=False)
         for k in comps:
             _line(ax2, rows, k, label=k.split("/")[1])
-        ax2.set_title("reward components (rewards/<name>/mean)")
-        _mark(ax2, findings, _MARKS["reward"])
-        _finish(ax2)
+        _finish(ax2, "reward components (rewards/<name>/mean)", findings, "reward")
         written["reward"] = save_png(fig, out / "reward.png")
 
     if "entropy" in keys:
@@ -118,9 +121,7 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         _line(ax, rows, "entropy", color="tab:purple")
         if "entropy_coef" in keys:
             _line(ax.twinx(), rows, "entropy_coef", color="tab:grey", linestyle="--")
-        ax.set_title("entropy")
-        _mark(ax, findings, _MARKS["entropy"])
-        _finish(ax)
+        _finish(ax, "entropy", findings, "entropy")
         written["entropy"] = save_png(fig, out / "entropy.png")
 
     if keys & {"completions/mean_length", "completions/max_length", "completions/clipped_ratio"}:
@@ -136,13 +137,7 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         _line(ax2, rows, "completions/clipped_ratio", label="clipped ratio", color="crimson", alpha=0.6)
         ax2.set_ylim(-0.05, 1.05)
         ax2.set_ylabel("clipped ratio")
-        h1, l1 = ax.get_legend_handles_labels()
-        h2, l2 = ax2.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="best")
-        ax.set_title("completion length and clipped ratio")
-        _mark(ax, findings, _MARKS["length"])
-        ax.grid(alpha=0.3)
-        ax.set_xlabel("step")
+        _finish(ax, "completion length and clipped ratio", findings, "length", twin=ax2)
         written["length"] = save_png(fig, out / "length.png")
 
     clip_keys = [k for k in ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean") if k in keys]
@@ -151,13 +146,9 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         ax1, ax2 = fig.subplots(2, 1, sharex=True)
         for k in clip_keys:
             _line(ax1, rows, k, label=k.split("/")[1])
-        ax1.set_title("GRPO clip ratios")
-        _mark(ax1, findings, _MARKS["clip_ratio"])
-        _finish(ax1, xlabel=False)
+        _finish(ax1, "GRPO clip ratios", findings, "clip_ratio", xlabel=False)
         _line(ax2, rows, "reward_std")
         _line(ax2, rows, "frac_reward_zero_std")
-        ax2.set_title("group signal")
-        _mark(ax2, findings, _MARKS["clip_ratio"])
-        _finish(ax2)
+        _finish(ax2, "group signal", findings, "clip_ratio")
         written["clip_ratio"] = save_png(fig, out / "clip_ratio.png")
     return written
