@@ -85,10 +85,8 @@ class Simplex:
         mass = [-math.log(min(1.0, max(SIMPLEX_FLOOR, float(params[self.param(c)])))) for c in self.drawn]
         norm = sum(mass)
         share = [m / norm if norm > 0 else 1.0 / len(mass) for m in mass]
-        out = dict(current)
-        out.update({c: self.total * s for c, s in zip(self.drawn, share)})
-        out.update({c: (current.get(c, 0.0) if v is None else v) for c, v in self.fixed.items()})
-        return out
+        return {**current, **{c: self.total * s for c, s in zip(self.drawn, share)},
+                **{c: (current.get(c, 0.0) if v is None else v) for c, v in self.fixed.items()}}
 
     def corners(self) -> list[dict[str, Any]]:
         """Equal weights, and all mass on each drawn component in turn."""
@@ -278,21 +276,18 @@ def _parse_simplex(key: str, tp: Any, spec: dict, problems: list[str]) -> Simple
     if not _weights_dict(tp) or key != "rewards.weights":
         problems.append(f"{key}: simplex only applies to rewards.weights")
         return None
-    unknown = [k for k in spec if k not in (SIMPLEX, "fixed", "total")]
+    known = len(problems)  # the simplex is built only when none is added below
     problems += [f"{key}: unknown simplex key {k!r}{did_you_mean(k, (SIMPLEX, 'fixed', 'total'))} (allowed: simplex, fixed, total)"
-                 for k in unknown]
+                 for k in spec if k not in (SIMPLEX, "fixed", "total")]
     drawn, fixed_raw, total = spec.get(SIMPLEX), spec.get("fixed", {}), yaml_number(spec.get("total", 1.0))
-    ok = not unknown
     if not isinstance(drawn, list) or len(drawn) < 2:
         problems.append(f"{key}: simplex expects a list of at least 2 reward components to draw, got {drawn!r}")
         return None
     for c in drawn:
         if c not in REWARD_COMPONENTS:
             problems.append(f"{key}: simplex component {c!r} is not a reward component{did_you_mean(c, REWARD_COMPONENTS)} (allowed: {', '.join(REWARD_COMPONENTS)})")
-            ok = False
     if len(set(drawn)) != len(drawn):
         problems.append(f"{key}: simplex lists a component twice: {drawn!r}")
-        ok = False
     if isinstance(fixed_raw, list):
         fixed_raw = {c: None for c in fixed_raw}
     if not isinstance(fixed_raw, dict):
@@ -302,19 +297,15 @@ def _parse_simplex(key: str, tp: Any, spec: dict, problems: list[str]) -> Simple
     for c, w in fixed_raw.items():
         if c not in REWARD_COMPONENTS:
             problems.append(f"{key}: fixed component {c!r} is not a reward component{did_you_mean(c, REWARD_COMPONENTS)}")
-            ok = False
         elif c in drawn:
             problems.append(f"{key}: {c!r} is both drawn and fixed; list it in one of them")
-            ok = False
         elif w is not None and (yaml_number(w) is None or yaml_number(w) < 0):
             problems.append(f"{key}: fixed weight for {c!r} must be a number >= 0, got {w!r}")
-            ok = False
         else:
             fixed[c] = None if w is None else float(yaml_number(w))
     if total is None or total <= 0:
         problems.append(f"{key}: total must be a number > 0, got {spec.get('total')!r}")
-        ok = False
-    return Simplex(key, tuple(drawn), fixed, float(total)) if ok else None
+    return Simplex(key, tuple(drawn), fixed, float(total)) if len(problems) == known else None
 
 
 def parse_space(data: Any, path: str = "<space>") -> SearchSpace:
