@@ -390,11 +390,7 @@ def set_path(data: dict, dotted: str, value: Any) -> str | None:
 
 def scheduled_length(schedule: list[list[int]], step: int, initial: int) -> int:
     """``generation.length_schedule``'s length in force at ``step``: the last entry whose step is <= step."""
-    length = initial
-    for at, value in schedule:
-        if step >= at:
-            length = value
-    return length
+    return next((value for at, value in reversed(schedule) if step >= at), initial)
 
 
 def _parse_scalar(text: str) -> Any:
