@@ -80,13 +80,9 @@ def rouge_groups(paragraphs: list[dict], n_groups: int, rng: random.Random) -> t
         ws = rng.choice(long)
         ref = " ".join(window(ws))
         for k in range(GROUP):
-            if k < 4:
-                cand = window(ws)
-            elif k < 6:
-                cand = window(ws)
+            cand = window(ws if k < 6 else rng.choice(long))
+            if 4 <= k < 6:
                 rng.shuffle(cand)
-            else:
-                cand = window(rng.choice(long))
             preds.append(" ".join(cand))
             refs.append(ref)
     return preds, refs
