@@ -157,9 +157,7 @@ class ConsoleRenderer:
     def table_row(self, row: Mapping[str, Any]) -> str:
         width = len(str(self.total)) * 2 + 1
         cells = [f"{str(row.get('step')) + '/' + str(self.total):>{width}}"]
-        cells += [f"{_f(row.get(k), nd):>{w}}" for _, k, w, nd in TABLE]
-        sps = self.sec_per_step()
-        cells.append(f"{_f(sps, 2):>6}")
+        cells += [f"{_f(row.get(k), nd):>{w}}" for _, k, w, nd in TABLE] + [f"{_f(self.sec_per_step(), 2):>6}"]
         return "  ".join(cells)
 
     def progress_line(self) -> str:
