@@ -335,10 +335,8 @@ def collect_rows(trials: Sequence[tuple[str, str, dict, Any]], space: SearchSpac
         row: dict[str, Any] = {"trial_id": trial_id, OBJECTIVE: metrics.get(OBJECTIVE), TIME_ATTR: metrics.get(TIME_ATTR)}
         error = _error_line(result.error)
         try:
-            cfg = space.trial_config(base, params)
-            values = cfg.to_dict()
-            for k in keys:
-                row[k] = get_path(values, k)
+            values = space.trial_config(base, params).to_dict()
+            row.update({k: get_path(values, k) for k in keys})
         except ConfigError as e:
             error = error or "; ".join(e.problems)
         if result.error or status == "ERROR":
@@ -368,17 +366,11 @@ def write_results_csv(rows: list[dict], columns: list[str], path: Path) -> Path:
 
 
 def _short(key: str) -> str:
-    if key.startswith("rewards.weights."):
-        return "w." + key.rsplit(".", 1)[1]
-    return key.rsplit(".", 1)[-1]
+    return ("w." if key.startswith("rewards.weights.") else "") + key.rsplit(".", 1)[-1]
 
 
 def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def describe_trial(space: SearchSpace, base: dict[str, Any], params: dict[str, Any]) -> str:
