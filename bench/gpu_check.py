@@ -563,7 +563,7 @@ def summarize_case(cfg, plan: M.MemoryPlan, ranks: list[dict], judge_mem: dict[s
         "exact_terms": exact,
         "exact_terms_ok": all(v["measured_bytes"] == v["planned_bytes"] for v in exact.values()),
         "planned_total_gib": plan.total_gib, "planned_peak_phase": plan.peak_phase,
-        "planned": {k: round(v, 4) for k, v in comp.items()},
+        "planned": {k: round(v, 4) for k, v in comp.items()}, "measured_peak_gib": None, "rows": [],
     }
     if calls and "peak_allocated" in calls[0]:
         gen_extra = max(c["peak_allocated"] - c["start_allocated"] for c in calls)
@@ -589,9 +589,6 @@ def summarize_case(cfg, plan: M.MemoryPlan, ranks: list[dict], judge_mem: dict[s
              comp["framework_overhead"] - M.CUDA_CONTEXT_GIB),
             ("CUDA contexts (card - reserved)", _gib(contexts), M.CUDA_CONTEXT_GIB + (M.JUDGE_CONTEXT_GIB if judge_res else 0)),
         ]
-    else:
-        out["measured_peak_gib"] = None
-        out["rows"] = []
     return out
 
 
