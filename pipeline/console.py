@@ -101,9 +101,7 @@ class ConsoleRenderer:
 
     # -- output
     def _write(self, text: str) -> None:
-        if self._frame:
-            self.stream.write("\r\033[K")
-            self._frame = False
+        self.close()  # the live line is cleared before the text (it is drawn again after it)
         self.stream.write(text + "\n")
         self.stream.flush()
 
