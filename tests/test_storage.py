@@ -155,7 +155,7 @@ def _scenario(tmp_path: Path, scenario: str) -> dict:
     try:
         proc = subprocess.run([sys.executable, "-m", "tests.multinode", scenario, str(tmp_path), f"s3://{BUCKET}/nodes"],
                               cwd=REPO, capture_output=True, text=True, timeout=900,
-                              env={**os.environ, "RAY_TMPDIR": ray_tmp})
+                              env={**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"})
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     result_path = tmp_path / "result.json"
@@ -195,9 +195,6 @@ def test_node_lost_elastic_run_goes_on_with_one_worker(s3_server, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="open (issue 14): on the 2-core machine the replacement node never started after the "
-                         "removal (no raylet for it within 5 min; Ray Train kept retrying 2 workers every 60 s); "
-                         "the elastic scenario above passes")
 def test_node_lost_fixed_count_resumes_from_s3_on_a_replacement_node(s3_server, tmp_path):
     from pipeline.storage import RunStorage
 
