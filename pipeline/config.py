@@ -214,6 +214,9 @@ class DistributedSection:
     offload_optimizer: bool = False
     offload_params: bool = False  # ZeRO-3 only
     max_failures: int = 2  # Ray Train worker-group restarts
+    # Elastic groups only: seconds between Ray Train's looks for capacity to grow the group back
+    # (ScalingConfig.elastic_resize_monitor_interval_s); each grow restarts the group from a checkpoint.
+    resize_check_s: float = 60.0
 
 
 @dataclass
@@ -457,16 +460,16 @@ def config_from_dict(data: dict[str, Any], problems: list[str] | None = None, ba
 
 # ---------------------------------------------------------------- resuming
 
-# Fields a rerun may change and still resume: they change how the run is kept, logged, scheduled
-# or scored for evaluation, not what is trained (more max_steps extends the run).
 STORAGE_SCHEMES = ("s3", "gs", "abfs", "abfss", "hdfs", "file")
 
+# Fields a rerun may change and still resume: they change how the run is kept, logged, scheduled
+# or scored for evaluation, not what is trained (more max_steps extends the run).
 RESUME_SAFE_FIELDS = (
     "optimization.max_steps",
     "logging.",
     "output.root", "output.run_name", "output.save_steps", "output.checkpoints_kept",
     "eval.every_steps",
-    "distributed.max_failures",
+    "distributed.max_failures", "distributed.resize_check_s",
     "judge.num_actors", "judge.num_scorer_actors", "judge.max_restarts", "judge.max_retries", "judge.cpus_per_actor",
 )
 
@@ -647,6 +650,8 @@ def _check_distributed(cfg: RunConfig, base_dir: Path | None) -> list[str]:
                  "use zero_stage 0-2 or a frozen judge (llm, embedding)")
     if d.offload_optimizer and d.zero_stage == 0:
         p.append("distributed.offload_optimizer: optimizer offload needs zero_stage 1-3")
+    if d.resize_check_s < 0:
+        p.append(f"distributed.resize_check_s: {d.resize_check_s} must be >= 0 (seconds)")
     return p
 
 

@@ -96,6 +96,9 @@ def inert_settings(cfg: RunConfig) -> list[str]:
     if not cfg.distributed.use_gpu:
         out += [f"distributed.{n} has no effect: distributed.use_gpu is false"
                 for n in _changed(cfg.distributed, ("gpus_per_worker",))]
+    if isinstance(cfg.distributed.num_workers, int):
+        out += [f"distributed.{n} has no effect: distributed.num_workers is a fixed count (an elastic group is [min, max])"
+                for n in _changed(cfg.distributed, ("resize_check_s",))]
     r = cfg.rewards
     if not r.weights.get("eos"):
         out += [f"rewards.{n} has no effect on the reward: rewards.weights.eos is 0 (the eos component is only logged)"

@@ -166,7 +166,8 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
         train_loop_per_worker,
         train_loop_config={"cfg": cfg.to_dict(), "run_dir": str(run_dir.resolve()), "pool": pool, "length_ceiling": length_ceiling,
                            "store": store},
-        scaling_config=ScalingConfig(num_workers=scaling_num_workers(cfg), use_gpu=d.use_gpu, resources_per_worker=resources),
+        scaling_config=ScalingConfig(num_workers=scaling_num_workers(cfg), use_gpu=d.use_gpu, resources_per_worker=resources,
+                                     elastic_resize_monitor_interval_s=d.resize_check_s),
         torch_config=TorchConfig(backend="nccl" if d.use_gpu else "gloo"),
         run_config=RayRunConfig(
             name=RAY_TRAIN_DIR,

@@ -67,6 +67,7 @@ INVALID = [
     ("generation.length_schedule=[[10, 0]]", "max_length 0 must be > 0"),
     ("judge.backend=gpt", "judge.backend: 'gpt' is not one of llm, embedding, self"),
     ("distributed.zero_stage=4", "distributed.zero_stage: 4"),
+    ("distributed.resize_check_s=-1", "distributed.resize_check_s: -1"),
     ("optimization.learning_rate=fast", "optimization.learning_rate: expected float"),
     ("generation.max_completion_length=-5", "generation.max_completion_length: -5 must be > 0"),
 ]
