@@ -333,7 +333,7 @@ def collect_rows(trials: Sequence[tuple[str, str, dict, Any]], space: SearchSpac
     for trial_id, status, params, result in trials:
         metrics = result.metrics or {}
         row: dict[str, Any] = {"trial_id": trial_id, OBJECTIVE: metrics.get(OBJECTIVE), TIME_ATTR: metrics.get(TIME_ATTR)}
-        error = _error_line(result.error)
+        error, values = _error_line(result.error), {}
         try:
             values = space.trial_config(base, params).to_dict()
             row.update({k: get_path(values, k) for k in keys})
@@ -343,7 +343,9 @@ def collect_rows(trials: Sequence[tuple[str, str, dict, Any]], space: SearchSpac
             row["status"] = "error"
         elif status != "TERMINATED":
             row["status"], interrupted = "unfinished", True
-        elif trained(exp_dir / TRIALS_DIR / trial_id):
+        # Done: trained, and its last step's evaluation is the one Tune saw. A trial ASHA stopped can
+        # still reach its last step before the stop lands; its score and storage are the stop's.
+        elif trained(exp_dir / TRIALS_DIR / trial_id) and row[TIME_ATTR] == get_path(values, "optimization.max_steps"):
             row["status"] = "done"
         else:
             row["status"] = f"stopped@{row[TIME_ATTR]}"  # ASHA stopped it early

@@ -4,8 +4,8 @@ Run as ``python -m tests.multinode SCENARIO WORKDIR`` (by tests/test_storage.py,
 one Python process can join only one Ray, and the suite's session Ray stays untouched). The head
 node (no CPU) holds the judge; two 1-CPU nodes hold one training worker each. When the first
 checkpoint is in storage, the node of one worker is removed. ``elastic``: ``num_workers: [1, 2]``, the run goes
-on with one worker. ``fixed``: ``num_workers: 2``, the run waits, then a replacement node is added
-and it resumes from storage. Writes WORKDIR/result.json; the test asserts on it.
+on with one worker; then a replacement node is added and the group grows back to two. ``fixed``:
+``num_workers: 2``, the run waits, then a replacement node is added and it resumes from storage. Writes WORKDIR/result.json; the test asserts on it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 # Enough steps that the node is gone well before the end: it is removed as soon as the first
 # checkpoint is registered in storage, and a step of the tiny policy takes about half a second.
 STEPS = 20
+ELASTIC_STEPS = 40  # one more restart (the grow back) and steps at half speed on one worker in between
 # The GCS declares a node dead after this many missed health checks (Ray's default: 5 every 3 s).
 FAST_NODE_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
 
@@ -34,10 +35,11 @@ def main(scenario: str, workdir: Path) -> None:
     from tests.test_train_ray import small
 
     storage = sys.argv[3]
-    data = small(workdir, distributed={"num_workers": [1, 2] if scenario == "elastic" else 2, "zero_stage": 2,
-                                       "cpus_per_worker": 1, "max_failures": 3},
+    elastic = scenario == "elastic"
+    data = small(workdir, distributed={"num_workers": [1, 2] if elastic else 2, "zero_stage": 2, "cpus_per_worker": 1,
+                                       "max_failures": 3, "resize_check_s": 2 if elastic else 60},
                  judge={"cpus_per_actor": 0, "num_actors": 1, "max_restarts": 3},
-                 optimization={"per_device_train_batch_size": 4, "max_steps": STEPS},
+                 optimization={"per_device_train_batch_size": 4, "max_steps": ELASTIC_STEPS if elastic else STEPS},
                  eval={"num_prompts": 0}, output={"storage": storage, "save_steps": 2})
     cfg = config_from_dict(data)
     cfg.output.run_name = f"node-loss-{scenario}"
@@ -77,12 +79,16 @@ def main(scenario: str, workdir: Path) -> None:
             cluster.remove_node(victim, allow_graceful=False)
         except AssertionError as e:  # Ray's zombie check after the kill can trip on a loaded machine
             log.append(f"remove_node: {e}")
-        if scenario == "fixed":
+        if elastic:  # capacity returns once the group trains on one worker: it grows back
+            while thread.is_alive() and not any(e.get("event") == "resize" for e in _rows(run_dir, "events.jsonl")):
+                time.sleep(0.2)
+            result["step_at_regrowth"] = max([r["step"] for r in _rows(run_dir) if "reward" in r], default=0)
+        else:
             time.sleep(10)  # the group cannot restart with one node: it waits for capacity
             result["steps_while_waiting"] = max([r["step"] for r in _rows(run_dir) if "reward" in r], default=0)
-            log.append(f"{time.time():.1f} adding a replacement node")
-            result["added"] = _retry(lambda: cluster.add_node(num_cpus=1)).node_id
-            log.append(f"{time.time():.1f} replacement node up")
+        log.append(f"{time.time():.1f} adding a replacement node")
+        result["added"] = _retry(lambda: cluster.add_node(num_cpus=1)).node_id
+        log.append(f"{time.time():.1f} replacement node up")
 
     def train() -> None:
         try:
@@ -120,10 +126,10 @@ def _retry(start, attempts: int = 3):
             time.sleep(5)
 
 
-def _rows(run_dir: Path) -> list[dict]:
+def _rows(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
     from pipeline.run_callbacks import read_metrics
 
-    return read_metrics(run_dir / "metrics.jsonl")
+    return read_metrics(run_dir / name)
 
 
 if __name__ == "__main__":

@@ -165,13 +165,11 @@ def _scenario(tmp_path: Path, scenario: str) -> dict:
     return result
 
 
-def _check_steps_once_and_samples_constant(run_dir: Path) -> list[dict]:
+def _check_steps_once_and_samples_constant(run_dir: Path, steps: int) -> list[dict]:
     from pipeline.run_callbacks import read_metrics
 
-    from tests.multinode import STEPS
-
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     events = read_metrics(run_dir / "events.jsonl")
     starts = [e for e in events if e["event"] in ("workers", "resize")]
     assert len(starts) >= 2 and len({e["samples_per_step"] for e in starts}) == 1, starts
@@ -180,18 +178,19 @@ def _check_steps_once_and_samples_constant(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_node_lost_elastic_run_goes_on_with_one_worker(s3_server, tmp_path):
-    from tests.multinode import STEPS
+def test_node_lost_elastic_run_goes_on_with_one_worker_and_grows_back(s3_server, tmp_path):
+    from tests.multinode import ELASTIC_STEPS
 
     result = _scenario(tmp_path, "elastic")
     assert result["judge_node"] == result["head"] and result["removed"] in result["training_nodes"]
-    assert result["step_at_removal"] < STEPS
-    events = _check_steps_once_and_samples_constant(tmp_path / "node-loss-elastic")
-    resize = [e for e in events if e["event"] == "resize"]
-    assert resize and resize[0]["previous"] == 2 and resize[0]["num_workers"] == 1, events
-    assert resize[0]["gradient_accumulation_steps"] == 2
-    reset = [e for e in events if e["event"] == "optimizer_reset"]
-    assert reset and reset[0]["previous"] == 2, events  # ZeRO-2 partitions of 2 ranks cannot load on 1
+    assert result["step_at_removal"] < ELASTIC_STEPS and result["step_at_regrowth"] < ELASTIC_STEPS, result
+    events = _check_steps_once_and_samples_constant(tmp_path / "node-loss-elastic", ELASTIC_STEPS)
+    resize = [(e["previous"], e["num_workers"], e["gradient_accumulation_steps"]) for e in events if e["event"] == "resize"]
+    assert resize == [(2, 1, 2), (1, 2, 1)], events  # down to one worker when the node went, back up when it came
+    at = [e["step"] for e in events if e["event"] == "resize"]
+    assert at[0] < at[1], events  # it trained on one worker in between
+    reset = [e["previous"] for e in events if e["event"] == "optimizer_reset"]
+    assert reset == [2, 1], events  # ZeRO-2 partitions of 2 ranks cannot load on 1, nor those of 1 on 2
 
 
 @pytest.mark.slow
@@ -202,7 +201,7 @@ def test_node_lost_fixed_count_resumes_from_s3_on_a_replacement_node(s3_server, 
 
     result = _scenario(tmp_path, "fixed")
     assert result["step_at_removal"] < STEPS and result["steps_while_waiting"] < STEPS  # it waited for a node
-    events = _check_steps_once_and_samples_constant(tmp_path / "node-loss-fixed")
+    events = _check_steps_once_and_samples_constant(tmp_path / "node-loss-fixed", STEPS)
     assert not [e for e in events if e["event"] in ("resize", "optimizer_reset")], events
     assert len([e for e in events if e["event"] == "resume"]) == 1, events
     files = RunStorage(f"s3://{BUCKET}/nodes", "node-loss-fixed").list(f"ray_train/checkpoint-{STEPS:06d}")

@@ -110,20 +110,6 @@ def never_stopping_policy(tiny_policy: Path, dest: Path) -> Path:
     return dest
 
 
-def test_length_schedule_changes_what_generation_reads(ray_local, tmp_path, tiny_policy):
-    policy = never_stopping_policy(tiny_policy, tmp_path / "never-stops")
-    data = small(tmp_path, model={"name_or_path": str(policy)},
-                 generation={"max_completion_length": 8, "length_schedule": [[3, 20]]},
-                 optimization={"max_steps": 5}, eval={"num_prompts": 0})
-    _, run_dir, _ = run(tmp_path, data, "schedule")
-    rows = {r["step"]: r for r in train_rows(run_dir)}
-    assert all(rows[s]["completions/clipped_ratio"] == 1.0 for s in rows)  # it never stops
-    # Every completion runs to the cap generation really used: 8, then 20 once the schedule switched.
-    assert [rows[s]["completions/max_length"] for s in (1, 2, 4, 5)] == [8, 8, 20, 20]
-    assert [rows[s]["completions/mean_length"] for s in (1, 2, 4, 5)] == [8, 8, 20, 20]
-    assert rows[4]["generation/max_completion_length"] == 20
-
-
 def test_pool_error_names_the_actor_after_retries(ray_local):
     from pipeline.reward_pool import RewardPoolError, start_pool, stop_pool
 
@@ -156,15 +142,19 @@ def resume_events(run_dir: Path) -> list[int]:
     return [e["step"] for e in read_metrics(run_dir / "events.jsonl") if e.get("event") == "resume"]
 
 
-def test_judge_and_workers_killed_mid_run_every_step_scored_once(ray_local, tmp_path):
+def test_judge_and_workers_killed_mid_run_every_step_scored_once(ray_local, tmp_path, tiny_policy):
     """Two faults in one run: the judge actor dies at step 2 (Ray restarts it, the pool scores the batch
     again), then every training worker dies once a checkpoint is registered (Ray Train restarts the
-    group from it). One run for both: each start of a run costs half a minute of the suite."""
+    group from it). The policy never stops and the length schedule switches 8 -> 20 tokens at step 3:
+    generation reads the schedule, before the restart and after it. One run for all of it: each start
+    of a run costs half a minute of the suite."""
     from pipeline.reward_pool import start_pool, stop_pool
 
     steps_total = 16
-    data = small(tmp_path, optimization={"max_steps": steps_total}, distributed={"max_failures": 1},
-                 judge={"max_restarts": 2, "max_retries": 4}, eval={"num_prompts": 0})
+    policy = never_stopping_policy(tiny_policy, tmp_path / "never-stops")
+    data = small(tmp_path, model={"name_or_path": str(policy)}, optimization={"max_steps": steps_total},
+                 generation={"max_completion_length": 8, "length_schedule": [[3, 20]]},
+                 distributed={"max_failures": 1}, judge={"max_restarts": 2, "max_retries": 4}, eval={"num_prompts": 0})
     pool = start_pool(config_from_dict(data))
     before = ray_local.get(pool.judges[0].pid.remote())
     run_dir = tmp_path / "faults"
@@ -197,6 +187,13 @@ def test_judge_and_workers_killed_mid_run_every_step_scored_once(ray_local, tmp_
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == list(range(1, steps_total + 1))  # finished at the target, no step twice
     assert all(math.isfinite(r["rewards/judge/mean"]) and r["rewards/judge/mean"] > 0 for r in rows)  # all judged
+    # Every completion runs to the cap generation really used: 8, then 20 once the schedule switched
+    # (step 3, generated as the switch happens, is left out), on both sides of the restart.
+    later = [r for r in rows if r["step"] != 3]
+    assert all(r["completions/clipped_ratio"] == 1.0 for r in rows)  # it never stops
+    assert [r["completions/max_length"] for r in later] == [8, 8] + [20] * (steps_total - 3)
+    assert [r["completions/mean_length"] for r in later] == [8, 8] + [20] * (steps_total - 3)
+    assert all(r["generation/max_completion_length"] == 20 for r in rows if r["step"] >= 4)
     last = sorted((run_dir / RAY_TRAIN_DIR).glob("checkpoint-*"))[-1]
     assert json.loads((last / "trainer_state.json").read_text())["global_step"] == steps_total
 

@@ -255,10 +255,12 @@ def test_results_rows_status_sorting_csv_and_best_config(tmp_path):
     s = parse_space({"space": {LR: {"loguniform": [1e-6, 1e-4]},
                                "rewards.weights": {"simplex": ["rouge_l", "judge"], "fixed": ["eos"]}}})
     base = RunConfig()
-    base.output.root = str(tmp_path)
+    base.output.root, base.optimization.max_steps = str(tmp_path), 4
     draws = lambda lr: {LR: lr, "rewards.weights[rouge_l]": 0.5, "rewards.weights[judge]": 0.5}  # noqa: E731
+    # raced6: ASHA stopped it at step 2, and it reached its last step (adapter saved) before the stop landed
     trials = {"done1": (0.41, 4, None), "best2": (0.52, 4, None), "asha3": (0.30, 2, None),
-              "err4": (None, None, RuntimeError("Traceback ...\nOSError: no such model 'x'\n")), "run5": (0.35, 2, None)}
+              "err4": (None, None, RuntimeError("Traceback ...\nOSError: no such model 'x'\n")), "run5": (0.35, 2, None),
+              "raced6": (0.33, 2, None)}
     exp = tmp_path / "s-tune"
     states = {t: ("ERROR" if t == "err4" else "RUNNING" if t == "run5" else "TERMINATED") for t in trials}
     grid = []
@@ -267,7 +269,7 @@ def test_results_rows_status_sorting_csv_and_best_config(tmp_path):
         (run_dir / "adapter").mkdir(parents=True)
         cfg = parse_space(space(**{LR: 1e-5})).trial_config(base.to_dict(), {LR: 1e-5 * (i + 1)})
         (run_dir / "config.yaml").write_text(cfg.to_yaml())
-        if step == 4:
+        if step == 4 or t == "raced6":
             (run_dir / "adapter" / "adapter_config.json").write_text("{}")
         metrics = {} if score is None else {OBJECTIVE: score, "step": step}
         grid.append((t, states[t], draws(1e-5 * (i + 1)), SimpleNamespace(metrics=metrics, error=err)))
@@ -275,12 +277,13 @@ def test_results_rows_status_sorting_csv_and_best_config(tmp_path):
     rows, columns, interrupted = collect_rows(grid, s, base.to_dict(), exp)
     assert interrupted  # run5 was RUNNING in the saved state
     assert [(r["trial_id"], r["status"]) for r in rows] == [
-        ("best2", "done"), ("done1", "done"), ("run5", "unfinished"), ("asha3", "stopped@2"), ("err4", "error")]
+        ("best2", "done"), ("done1", "done"), ("run5", "unfinished"), ("raced6", "stopped@2"), ("asha3", "stopped@2"),
+        ("err4", "error")]
     assert rows[-1]["error"] == "OSError: no such model 'x'"
     assert math.isclose(rows[0][LR], 2e-5) and rows[0]["rewards.weights.eos"] == 1.0
     assert rows[0]["rewards.weights.judge"] == rows[0]["rewards.weights.rouge_l"] == 0.5
     csv_rows = read_csv(write_results_csv(rows, columns, exp / "results.csv"))
-    assert [r["rank"] for r in csv_rows] == ["1", "2", "3", "4", "5"] and csv_rows[0][OBJECTIVE] == "0.52"
+    assert [r["rank"] for r in csv_rows] == ["1", "2", "3", "4", "5", "6"] and csv_rows[0][OBJECTIVE] == "0.52"
     table = format_table(rows, columns)
     assert table.splitlines()[0].split()[:5] == ["rank", "trial_id", "status", "eval/score", "step"]
     best = write_best_config(rows, s, base, "s-tune", exp / "best.yaml")
