@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, config_from_dict
-from pipeline.run_callbacks import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 G = 4
