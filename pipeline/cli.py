@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, cli_error, load_config
+from pipeline.cli_errors import cli_error
+from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
 from pipeline.inert import warn_inert
 
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.config import REWARD_COMPONENTS, cli_error
+from pipeline.cli_errors import cli_error
+from pipeline.config import REWARD_COMPONENTS
 from pipeline.diagnosis.run_reader import RunDirError, load_run
 from pipeline.metric_names import CAP_METRIC, is_train_row
 from pipeline.plots import save_png, series

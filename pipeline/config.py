@@ -11,7 +11,6 @@ import dataclasses
 import difflib
 import functools
 import re
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -38,12 +37,6 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-def cli_error(command: str, message: object, problems: list[str] | tuple = (), code: int = 2) -> int:
-    """`synth-grpo COMMAND: MESSAGE` and one `  - problem` line each on stderr; returns the exit code."""
-    print("\n  - ".join([f"synth-grpo {command}: {message}", *problems]), file=sys.stderr)
-    return code
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.config import cli_error
+from pipeline.cli_errors import cli_error
 from pipeline.diagnosis.history import History
 from pipeline.diagnosis.report import doctor, findings_text, input_warnings
 from pipeline.diagnosis.rules import RULES, Finding, RuleSettings, check, diagnose
@@ -34,10 +34,10 @@ def doctor_cli(args) -> int:
     except OSError as e:  # could not write the report or plots
         return cli_error("doctor", f"could not write the report in {args.run_dir!r}: {e}", code=1)
     for line in input_warnings(run):
-        cli_error("doctor", line)
+        print(f"synth-grpo doctor: {line}", file=sys.stderr)
     if getattr(args, "json", False):
         print(Finding.to_json(findings))
-        cli_error("doctor", f"wrote {report} and {len(plots)} plots")
+        print(f"synth-grpo doctor: wrote {report} and {len(plots)} plots", file=sys.stderr)
         return 0
     print(findings_text(run, findings, report, plots))
     return 0

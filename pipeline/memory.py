@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import TINY_POLICY, RunConfig, cli_error
+from pipeline.cli_errors import cli_error
+from pipeline.config import TINY_POLICY, RunConfig
 
 GIB = 1024**3
 HEADROOM = 0.05  # "fits" leaves 5% of the GPU free for estimation error

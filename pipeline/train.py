@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import RunConfig, cli_error
+from pipeline.cli_errors import cli_error
+from pipeline.config import RunConfig
 from pipeline.metric_names import CAP_METRIC, is_train_row
 from pipeline.run_files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
                                 WORKER_FILES, append_event, read_metrics)

@@ -26,7 +26,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from pipeline.config import ConfigError, RunConfig, cli_error, config_from_dict, get_path
+from pipeline.cli_errors import cli_error
+from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path
 from pipeline.run_files import ADAPTER_DIR, CONFIG, METRICS, read_metrics
 from pipeline.search_space import SearchSpace, SpaceError, load_space, parse_space
 
@@ -372,7 +373,9 @@ def _short(key: str) -> str:
 
 
 def _cell(value: Any) -> str:
-    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def describe_trial(space: SearchSpace, base: dict[str, Any], params: dict[str, Any]) -> str:
