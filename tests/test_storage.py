@@ -183,7 +183,7 @@ def test_node_lost_elastic_run_goes_on_with_one_worker_and_grows_back(s3_server,
 
     result = _scenario(tmp_path, "elastic")
     assert result["judge_node"] == result["head"] and result["removed"] in result["training_nodes"]
-    assert result["step_at_removal"] < ELASTIC_STEPS and result["step_at_regrowth"] < ELASTIC_STEPS, result
+    assert result["step_at_removal"] < ELASTIC_STEPS and result["step_at_replacement"] < ELASTIC_STEPS, result
     events = _check_steps_once_and_samples_constant(tmp_path / "node-loss-elastic", ELASTIC_STEPS)
     resize = [(e["previous"], e["num_workers"], e["gradient_accumulation_steps"]) for e in events if e["event"] == "resize"]
     assert resize == [(2, 1, 2), (1, 2, 1)], events  # down to one worker when the node went, back up when it came
