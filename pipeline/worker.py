@@ -68,18 +68,21 @@ def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: boo
     from trl import GRPOConfig
 
     o, g, gr, lg = cfg.optimization, cfg.generation, cfg.grpo, cfg.logging
-    same_name = [  # config fields GRPOConfig takes under the same name
-        (o, ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "adam_beta1",
-             "adam_beta2", "weight_decay", "lr_scheduler_type", "max_grad_norm", "seed")),
-        (g, ("steps_per_generation", "num_generations", "temperature", "top_p", "vllm_gpu_memory_utilization")),
-        (gr, ("beta", "epsilon", "epsilon_high", "entropy_coef", "entropy_target", "entropy_coef_max",
-              "entropy_coef_delta", "loss_type", "mask_truncated_completions", "scale_rewards", "num_iterations")),
-    ]
     return GRPOConfig(
         output_dir=str(run_dir / TRAINER_DIR),
-        **{name: getattr(section, name) for section, names in same_name for name in names},
+        max_steps=o.max_steps,
+        per_device_train_batch_size=o.per_device_train_batch_size,
+        gradient_accumulation_steps=o.gradient_accumulation_steps,
+        steps_per_generation=g.steps_per_generation,
+        learning_rate=o.learning_rate,
+        adam_beta1=o.adam_beta1,
+        adam_beta2=o.adam_beta2,
+        weight_decay=o.weight_decay,
+        lr_scheduler_type=o.lr_scheduler_type,
         warmup_steps=o.warmup_ratio,  # transformers 5: a float < 1 is a ratio of max_steps
+        max_grad_norm=o.max_grad_norm,
         optim="adamw_torch_fused" if o.fused_adamw and cfg.distributed.zero_stage == 0 else "adamw_torch",
+        seed=o.seed,
         data_seed=o.seed,
         use_cpu=not on_gpu,
         activation_checkpointing=cfg.model.gradient_checkpointing,  # transformers 5's name (the old one warns)
@@ -92,11 +95,26 @@ def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: boo
         deepspeed=deepspeed_config(cfg),
         ddp_find_unused_parameters=False,
         # GRPO
+        num_generations=g.num_generations,
+        temperature=g.temperature,
+        top_p=g.top_p,
         top_k=g.top_k or 0,
         max_completion_length=cfg.initial_max_completion_length,
         use_vllm=g.backend == "vllm",
         vllm_mode="colocate",
+        vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        beta=gr.beta,
+        epsilon=gr.epsilon,
+        epsilon_high=gr.epsilon_high,
+        entropy_coef=gr.entropy_coef,
         use_adaptive_entropy=gr.adaptive_entropy,
+        entropy_target=gr.entropy_target,
+        entropy_coef_max=gr.entropy_coef_max,
+        entropy_coef_delta=gr.entropy_coef_delta,
+        loss_type=gr.loss_type,
+        mask_truncated_completions=gr.mask_truncated_completions,
+        scale_rewards=gr.scale_rewards,
+        num_iterations=gr.num_iterations,
         reward_weights=reward_weights,
         log_completions=False,
         **precision_flags(cfg, on_gpu),
