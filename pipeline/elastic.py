@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,13 +118,21 @@ def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print
     return {"event": event, **fields}
 
 
-_OPTIM_SHARD = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
-
-
 def checkpoint_world_size(checkpoint_dir: Path) -> int | None:
-    """How many data-parallel ranks wrote the ZeRO optimizer partitions of an HF checkpoint (None: no ZeRO)."""
-    ranks = {int(m.group(1)) for p in Path(checkpoint_dir).glob("global_step*/*") if (m := _OPTIM_SHARD.search(p.name))}
-    return len(ranks) or None
+    """How many data-parallel ranks wrote the ZeRO partitions of an HF checkpoint (None: no ZeRO), as
+    DeepSpeed recorded it in the step's model states: counting partition files would also count any a
+    dead group left in the folder. Memory-mapped, so a full model's weights in that file are not read."""
+    import torch
+
+    latest = Path(checkpoint_dir) / "latest"
+    if not latest.is_file():
+        return None
+    step_dir = Path(checkpoint_dir) / latest.read_text().strip()
+    # ZeRO-1/2 write one model-states file; ZeRO-3 one per rank
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if (step_dir / name).is_file():
+            return int(torch.load(step_dir / name, map_location="cpu", mmap=True, weights_only=False)["dp_world_size"])
+    return None
 
 
 def resized(checkpoint_dir: Path, world_size: int) -> int | None:
@@ -132,25 +141,75 @@ def resized(checkpoint_dir: Path, world_size: int) -> int | None:
     return saved if saved is not None and saved != world_size else None
 
 
-@contextlib.contextmanager
-def without_optimizer_state():
-    """HF's DeepSpeed resume, loading the weights but not the ZeRO optimizer partitions.
+def to_universal(checkpoint_dir: Path, dest: Path) -> None:
+    """DeepSpeed's universal checkpoint of an HF checkpoint's ZeRO-1/2 partitions, written to ``dest``.
 
-    DeepSpeed refuses partitions written by another number of ranks ("Automatic adjustment of
-    ZeRO's optimizer state partitioning ... not currently supported"). Loaded with
-    ``load_optimizer_states=False`` it restores the module weights and rebuilds its fp32 copy from
-    them (``_restore_from_bit16_weights``): the weights are exact, the Adam moments start again.
-    HF still restores the LR schedule, the step and the RNG.
+    It holds each parameter's fp32 weights and Adam moments whole (``zero/<name>/exp_avg.pt``), so a
+    group of any size can load its own partitions from it; ``dest/latest_universal`` names the step.
+    HF's checkpoints lack the version record DeepSpeed's converter asks for, hence inject_missing_state.
+    """
+    import argparse
+    import io
+
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    tag = (Path(checkpoint_dir) / "latest").read_text().strip()
+    # The converter takes every partition file in the folder: links to this checkpoint's group's only
+    source, ranks = Path(dest) / "source" / tag, checkpoint_world_size(checkpoint_dir)
+    source.mkdir(parents=True)
+    for f in (Path(checkpoint_dir) / tag).iterdir():
+        m = re.match(r"zero_pp_rank_(\d+)_", f.name)
+        if f.is_file() and (m is None or int(m.group(1)) < ranks):
+            (source / f.name).symlink_to(f.resolve())
+    args = argparse.Namespace(input_folder=str(source), output_folder=str(Path(dest) / f"{tag}_universal"),
+                              num_extract_workers=1, num_merge_workers=1,  # no process pool inside a Ray worker
+                              keep_temp_folder=False, strict=True, inject_missing_state=True)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress bars
+        ds_to_universal(args)
+    shutil.rmtree(Path(dest) / "source")
+
+
+def reshard(checkpoint_dir: Path, dest: Path, local_rank: int) -> str | None:
+    """Every rank: the universal checkpoint of ``checkpoint_dir`` in ``dest``, written once per node
+    (by local rank 0; a node's ranks share ``dest``). Returns None when every rank can load it, else
+    why not: all ranks must agree, since the answer sets the DeepSpeed config of each."""
+    import torch.distributed as dist
+
+    error = None
+    if local_rank == 0:
+        shutil.rmtree(dest, ignore_errors=True)  # a converted copy from an attempt that died mid-way
+        try:
+            to_universal(checkpoint_dir, dest)
+        except Exception as e:  # an unconvertible checkpoint falls back to a reset, it does not end the run
+            error = f"{type(e).__name__}: {e}"
+            shutil.rmtree(dest, ignore_errors=True)
+    if not dist.is_initialized():
+        return error
+    errors: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return next((e for e in errors if e), None)
+
+
+@contextlib.contextmanager
+def deepspeed_resume(universal: Path | None):
+    """HF's DeepSpeed resume for a group of another size than the checkpoint's.
+
+    DeepSpeed refuses ZeRO partitions written by another number of ranks ("Automatic adjustment of
+    ZeRO's optimizer state partitioning ... not currently supported"). With ``universal`` (see
+    reshard; the engine's config must have ``checkpoint.load_universal``) the engine loads weights
+    and optimizer state from it, partitioned for this group. Without, it loads the weights only
+    (``load_optimizer_states=False``): the fp32 copy is rebuilt from them, the Adam moments start
+    again. Either way HF restores the LR schedule, the step and the RNG from the checkpoint itself.
     """
     import transformers.trainer as hf_trainer
 
     original = hf_trainer.deepspeed_load_checkpoint
 
     def load(engine, checkpoint_path, load_module_strict=True):
-        load_path, _ = engine.load_checkpoint(checkpoint_path, load_module_strict=load_module_strict,
-                                              load_optimizer_states=False, load_lr_scheduler_states=True)
+        load_path, _ = engine.load_checkpoint(str(universal or checkpoint_path), load_module_strict=load_module_strict,
+                                              load_optimizer_states=universal is not None, load_lr_scheduler_states=True)
         if load_path is None:
-            raise ValueError(f"[deepspeed] failed to resume from checkpoint {checkpoint_path}")
+            raise ValueError(f"[deepspeed] failed to resume from checkpoint {universal or checkpoint_path}")
 
     hf_trainer.deepspeed_load_checkpoint = load
     try:

@@ -160,6 +160,7 @@ class RewardPool:
         results: list[list[float] | None] = [None] * len(spans)
         errors: dict[int, BaseException] = {}
         attempt, deadline = 0, time.monotonic() + RESTART_WAIT_S
+        shift = 0  # how far each slice has moved from its own actor
         while attempt <= self.max_retries:
             todo = [i for i, r in enumerate(results) if r is None]
             if not todo:
@@ -168,7 +169,7 @@ class RewardPool:
             for i in todo:
                 a, b = spans[i]
                 # After a failure, move the slice to another actor while the failed one restarts.
-                actor_i = (i + attempt) % len(actors)
+                actor_i = (i + shift) % len(actors)
                 refs[i] = (actor_i, getattr(actors[actor_i], method).remote(*[c[a:b] for c in columns], *extra))
             done = await asyncio.gather(*(ref for _, ref in refs.values()), return_exceptions=True)
             for (i, (actor_i, _)), value in zip(refs.items(), done):
@@ -180,10 +181,14 @@ class RewardPool:
                     results[i] = value
             if all(r is not None for r in results):
                 break
+            shift += 1
             restarting = all(isinstance(errors[i][1], ray.exceptions.ActorUnavailableError)
                              for i, r in enumerate(results) if r is None)
             if restarting and time.monotonic() < deadline:
-                await asyncio.sleep(1.0)  # an actor on its way back is waited for, not counted as a failure
+                # An actor on its way back (its node lost, no room for it yet) is not a failure: the next
+                # actor takes the slice now, and once every actor has been tried the batch waits a second.
+                if shift % len(actors) == 0:
+                    await asyncio.sleep(1.0)
                 continue
             attempt += 1
             await asyncio.sleep(min(2.0, 0.2 * 2**attempt))

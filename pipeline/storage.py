@@ -211,6 +211,30 @@ def rank_part(checkpoint_dir: Path, rank: int, dest: Path) -> Path:
     return dest
 
 
+_CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
+
+
+def remove_unregistered_checkpoints(fs, root: str, after_step: int) -> list[str]:
+    """Delete the checkpoint folders under ``root`` (a pyarrow filesystem path) past ``after_step``.
+
+    A group starts from Ray Train's latest registered checkpoint; folders of later steps are parts a
+    group that died before their registration left behind. The new group saves those steps again into
+    the same folders, and where it is smaller the dead group's higher ranks' ZeRO partitions would stay
+    beside its own: a checkpoint of mixed groups, which DeepSpeed and the universal conversion misread.
+    Called by rank 0 (for Ray Train's storage) and each node's local rank 0 (for HF's local folder)
+    before the trainer starts; no rank saves before every rank has started.
+    """
+    import pyarrow.fs as pafs
+
+    removed = []
+    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        m = _CHECKPOINT_DIR.fullmatch(info.base_name)
+        if m and info.type == pafs.FileType.Directory and int(m.group(1)) > after_step:
+            fs.delete_dir(info.path)
+            removed.append(info.base_name)
+    return removed
+
+
 # ------------------------------------------------------------------ the run's files, synced in the background
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +44,9 @@ def precision_flags(cfg: RunConfig, on_gpu: bool) -> dict[str, bool]:
     return {"bf16": p == "bf16", "fp16": p == "fp16"}
 
 
-def deepspeed_config(cfg: RunConfig) -> dict[str, Any] | None:
-    """ZeRO stage 1-3 (and CPU offload); "auto" values are filled in from the TrainingArguments."""
+def deepspeed_config(cfg: RunConfig, load_universal: bool = False) -> dict[str, Any] | None:
+    """ZeRO stage 1-3 (and CPU offload); "auto" values are filled in from the TrainingArguments.
+    ``load_universal``: the resume reads a universal checkpoint (pipeline.elastic.reshard)."""
     d = cfg.distributed
     if d.zero_stage == 0:
         return None
@@ -61,10 +65,12 @@ def deepspeed_config(cfg: RunConfig) -> dict[str, Any] | None:
         "gradient_clipping": "auto",
         "bf16": {"enabled": "auto"},
         "fp16": {"enabled": "auto"},
+        **({"checkpoint": {"load_universal": True}} if load_universal else {}),
     }
 
 
-def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: bool, reward_weights: list[float]):
+def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: bool, reward_weights: list[float],
+                      load_universal: bool = False):
     from trl import GRPOConfig
 
     o, g, gr, lg = cfg.optimization, cfg.generation, cfg.grpo, cfg.logging
@@ -92,7 +98,7 @@ def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: boo
         save_total_limit=cfg.output.checkpoints_kept,
         report_to=list(lg.report_to) or "none",
         disable_tqdm=not (lg.progress_bar and is_rank0),
-        deepspeed=deepspeed_config(cfg),
+        deepspeed=deepspeed_config(cfg, load_universal),
         ddp_find_unused_parameters=False,
         # GRPO
         num_generations=g.num_generations,
@@ -174,7 +180,7 @@ def load_policy(cfg: RunConfig, on_gpu: bool, tokenizer=None):
 
 
 def build_grpo_trainer(cfg: RunConfig, run_dir: Path, tokenizer, model, train_recs: list[dict], funcs, weights,
-                       callbacks, on_gpu: bool = False, is_rank0: bool = True):
+                       callbacks, on_gpu: bool = False, is_rank0: bool = True, load_universal: bool = False):
     """TRL's GRPOTrainer for this config: the one construction shared by Ray workers and benchmarks."""
     from datasets import Dataset
     from trl import GRPOTrainer
@@ -189,7 +195,7 @@ def build_grpo_trainer(cfg: RunConfig, run_dir: Path, tokenizer, model, train_re
     return GRPOTrainer(
         model=model,
         reward_funcs=funcs,
-        args=build_grpo_config(cfg, run_dir, on_gpu, is_rank0, weights),
+        args=build_grpo_config(cfg, run_dir, on_gpu, is_rank0, weights, load_universal),
         train_dataset=Dataset.from_list(to_trl_rows(train_recs, cfg.data.system_prompt)),
         processing_class=tokenizer,
         peft_config=lora_config(cfg),
@@ -199,17 +205,20 @@ def build_grpo_trainer(cfg: RunConfig, run_dir: Path, tokenizer, model, train_re
 
 
 def train_loop_per_worker(config: dict) -> None:
+    import ray
     import ray.train
     import torch
 
     from pipeline.console import RunEvents, quiet_worker
     from pipeline.data import load_records
-    from pipeline.elastic import for_world_size, record_world_size, resized, without_optimizer_state
+    from pipeline.elastic import deepspeed_resume, for_world_size, record_world_size, reshard, resized
     from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl, reference_floor
     from pipeline.reward_clients import make_pool_reward_funcs
     from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks
-    from pipeline.storage import RunFileSync, sync_callback
+    from pyarrow.fs import LocalFileSystem
+
+    from pipeline.storage import RunFileSync, remove_unregistered_checkpoints, sync_callback
     from rewards.judge import SelfJudge
 
     rank = ray.train.get_context().get_world_rank()
@@ -259,14 +268,7 @@ def train_loop_per_worker(config: dict) -> None:
     callbacks = training_callbacks(length_control=length_ctl, samples=samples, health=health, events=events,
                                    metrics=metrics, reporter=reporter, evaluator=evaluator,
                                    sync=None if sync is None else sync_callback(sync))
-    trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0)
-    quiet_worker(trainer, cfg.logging.console)
-    length_ctl.bind(trainer)
-    samples.trainer = evaluator.trainer = reporter.trainer = trainer
-    if self_judge is not None:
-        self_judge.trainer = trainer
-
-    resume_from, step, saved_world = None, 0, None
+    resume_from, step, saved_world, universal = None, 0, None, None
     checkpoint = ray.train.get_checkpoint()
     # A checkpoint in cloud storage is downloaded once per node and deleted after the run has read it; a
     # local one is read in place (to_directory() copied it to /tmp at every resume, and left it there).
@@ -281,14 +283,44 @@ def train_loop_per_worker(config: dict) -> None:
             if say:
                 say(f"[resume] from checkpoint at step {step}")
             append_event(run_dir, "resume", step=step)
-            if saved_world:
+        if saved_world and step < cfg.optimization.max_steps:  # resharded through a universal checkpoint
+            t0 = time.monotonic()
+            # one per node (its ranks share it); the node id keeps apart nodes that share a disk
+            node = ray.get_runtime_context().get_node_id()[:12]
+            universal = Path(tempfile.gettempdir()) / f"synth-grpo-universal-{node}-{run_dir.name}-{step}"
+            failed = reshard(Path(resume_from), universal, ray.train.get_context().get_local_rank())
+            if ray.train.get_context().get_local_rank() == 0:
+                checkpoint_files.callback(shutil.rmtree, universal, ignore_errors=True)
+            if is_rank0 and not failed:
+                log(f"[elastic] optimizer state resharded at step {step}: the checkpoint's ZeRO partitions of "
+                    f"{saved_world} workers, loaded by {world} through a DeepSpeed universal checkpoint")
+                append_event(run_dir, "optimizer_resharded", step=step, previous=saved_world, num_workers=world,
+                             seconds=round(time.monotonic() - t0, 3))
+            elif is_rank0:
                 log(f"[elastic] optimizer state reset at step {step}: the checkpoint's ZeRO partitions are from "
-                    f"{saved_world} workers, this group has {world} (weights, schedule and step are kept)")
-                append_event(run_dir, "optimizer_reset", step=step, previous=saved_world, num_workers=world)
+                    f"{saved_world} workers, this group has {world}, and they could not be resharded ({failed}); "
+                    "weights, schedule and step are kept")
+                append_event(run_dir, "optimizer_reset", step=step, previous=saved_world, num_workers=world,
+                             reason=failed)
+            universal = None if failed else universal
     elif is_rank0:
         # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
         for name in (METRICS, SAMPLES, EVAL_SAMPLES):
             (run_dir / name).unlink(missing_ok=True)
+    trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0,
+                                 load_universal=universal is not None)
+    quiet_worker(trainer, cfg.logging.console)
+    length_ctl.bind(trainer)
+    samples.trainer = evaluator.trainer = reporter.trainer = trainer
+    if self_judge is not None:
+        self_judge.trainer = trainer
+    # Checkpoint folders past the step this group starts from are a dead group's leftovers: removed before
+    # this group saves those steps again, in Ray Train's storage and in each node's HF output folder.
+    if is_rank0:
+        storage = ray.train.get_context().get_storage()
+        remove_unregistered_checkpoints(storage.storage_filesystem, storage.experiment_fs_path, step)
+    if ray.train.get_context().get_local_rank() == 0:
+        remove_unregistered_checkpoints(LocalFileSystem(), str(Path(trainer.args.output_dir).resolve()), step)
     if is_rank0:
         record_world_size(run_dir, trainer.args, ray.train.get_context().get_world_size(), step, log)
     finished = step >= cfg.optimization.max_steps
@@ -296,7 +328,7 @@ def train_loop_per_worker(config: dict) -> None:
         if is_rank0:
             export_trained_weights(Path(resume_from), run_dir / ADAPTER_DIR)
     else:
-        with without_optimizer_state() if saved_world else contextlib.nullcontext():
+        with deepspeed_resume(universal) if saved_world else contextlib.nullcontext():
             trainer.train(resume_from_checkpoint=resume_from)
         trainer.save_model(str(run_dir / ADAPTER_DIR))
     checkpoint_files.close()

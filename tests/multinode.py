@@ -1,12 +1,14 @@
 """A node lost mid-run on a real multi-node Ray cluster on one machine (``ray.cluster_utils.Cluster``).
 
 Run as ``python -m tests.multinode SCENARIO WORKDIR`` (by tests/test_storage.py, in its own process:
-one Python process can join only one Ray, and the suite's session Ray stays untouched). The head
-node (no CPU) holds the judge; two 1-CPU nodes hold one training worker each. When the first
-checkpoint is in storage, the node of one worker is removed. ``elastic``: ``num_workers: [1, 2]``, the
-run goes on with one worker; then a replacement node is added and the group grows back to two.
-``fixed``: ``num_workers: 2``, the run waits, then a replacement node is added and it resumes from
-storage. Writes WORKDIR/result.json; the test asserts on it.
+one Python process can join only one Ray, and the suite's session Ray stays untouched). Two nodes
+hold one training worker each. When the first checkpoint is in storage, the node of one worker is
+removed. ``fixed``: ``num_workers: 2``, 1-CPU nodes, the judge on the head (no CPU); the run waits,
+then a replacement node is added and it resumes from storage. ``elastic``: ``num_workers: [1, 2]``,
+two judges asking for 0.01 CPU each, which SPREAD puts one on each worker node (the head has no
+CPU), so the lost node takes a judge with it; Ray restarts it on the node left (1.02 CPUs: a worker
+and both judges fit). The run goes on with one worker; then a replacement node is added and the
+group grows back to two. Writes WORKDIR/result.json; the test asserts on it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def main(scenario: str, workdir: Path) -> None:
     elastic = scenario == "elastic"
     data = small(workdir, distributed={"num_workers": [1, 2] if elastic else 2, "zero_stage": 2, "cpus_per_worker": 1,
                                        "max_failures": 3, "resize_check_s": 2 if elastic else 60},
-                 judge={"cpus_per_actor": 0, "num_actors": 1, "max_restarts": 3},
+                 judge={"cpus_per_actor": 0.01, "num_actors": 2, "max_restarts": 3} if elastic else
+                       {"cpus_per_actor": 0, "num_actors": 1, "max_restarts": 3},
                  optimization={"per_device_train_batch_size": 4, "max_steps": ELASTIC_STEPS if elastic else STEPS},
                  eval={"num_prompts": 0}, output={"storage": storage, "save_steps": 2})
     cfg = config_from_dict(data)
@@ -46,18 +49,22 @@ def main(scenario: str, workdir: Path) -> None:
     store = RunStorage(storage, cfg.output.run_name)
     log: list[str] = []
 
-    # The head has no CPU: Ray Train's elastic policy counts every node's total CPUs as worker slots
-    # (not what other actors hold), so a head CPU held by the judge would be counted as a free slot.
+    # The head has no CPU: Ray Train's elastic policy counts each node's CPUs (rounded down) as worker
+    # slots, not what other actors hold, so a head CPU held by the judge would be counted as a free slot.
+    # A 1.02-CPU node is one slot, with room for two 0.01-CPU judges beside its worker: a judge that lost
+    # its node must not take CPU a worker needs (Ray Train counts the slot, the worker could not start).
     cluster = _retry(lambda: Cluster(initialize_head=True, shutdown_at_exit=True,
                                      head_node_args={"num_cpus": 0, "include_dashboard": False}))
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
-    pool = start_pool(cfg)  # only the head exists yet: the judge lands there
-    judge_node = ray._private.state.actors(pool.judges[0]._actor_id.hex())["Address"]["NodeID"]
-    nodes = [_retry(lambda: cluster.add_node(num_cpus=1)) for _ in range(2)]
+    node_cpus = 1.02 if elastic else 1
+    nodes = [_retry(lambda: cluster.add_node(num_cpus=node_cpus)) for _ in range(2)]
     cluster.wait_for_nodes()
+    pool = start_pool(cfg)
+    judges_at_start = _judge_nodes(pool)
     prepare_run_dir(cfg, run_dir, log=None)
-    result: dict = {"scenario": scenario, "judge_node": judge_node, "head": cluster.head_node.node_id,
+    result: dict = {"scenario": scenario, "judge_nodes": judges_at_start, "head": cluster.head_node.node_id,
                     "training_nodes": [n.node_id for n in nodes]}
+    victim = nodes[1]
 
     def saved_a_checkpoint() -> bool:
         try:
@@ -73,7 +80,6 @@ def main(scenario: str, workdir: Path) -> None:
         while not saved_a_checkpoint() and thread.is_alive():
             time.sleep(0.2)
         result["step_at_removal"] = last_step()
-        victim = nodes[1]
         log.append(f"{time.time():.1f} removing node {victim.node_id}")
         result["removed"] = victim.node_id
         try:
@@ -83,12 +89,13 @@ def main(scenario: str, workdir: Path) -> None:
         if elastic:  # capacity returns once the group trains on one worker: it grows back
             while thread.is_alive() and not any(e.get("event") == "resize" for e in _rows(run_dir, "events.jsonl")):
                 time.sleep(0.2)
+            result["judges_at_shrink"] = _judge_nodes(pool)
             result["step_at_replacement"] = last_step()
         else:
             time.sleep(10)  # the group cannot restart with one node: it waits for capacity
             result["steps_while_waiting"] = last_step()
         log.append(f"{time.time():.1f} adding a replacement node")
-        result["added"] = _retry(lambda: cluster.add_node(num_cpus=1)).node_id
+        result["added"] = _retry(lambda: cluster.add_node(num_cpus=node_cpus)).node_id
         log.append(f"{time.time():.1f} replacement node up")
 
     def train() -> None:
@@ -110,10 +117,18 @@ def main(scenario: str, workdir: Path) -> None:
     thread.join(timeout=600)
     result["seconds"] = time.time() - t0
     result["log"] = log
+    result["judges_at_end"] = _judge_nodes(pool)
     stop_pool(pool)
     ray.shutdown()
     cluster.shutdown()
     (workdir / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def _judge_nodes(pool) -> list[dict]:
+    import ray
+
+    states = [ray._private.state.actors(a._actor_id.hex()) for a in pool.judges]
+    return [{"node": st["Address"]["NodeID"], "restarts": st["NumRestarts"], "state": st["State"]} for st in states]
 
 
 def _retry(start, attempts: int = 3):

@@ -126,6 +126,30 @@ def test_pool_error_names_the_actor_after_retries(ray_local):
         stop_pool(pool)
 
 
+def test_pool_moves_a_batch_off_a_judge_that_is_restarting(ray_local):
+    """A judge Ray is restarting (its node lost, no room for it yet) answers ActorUnavailableError: the
+    next judge scores its slice at once, rather than the batch waiting up to RESTART_WAIT_S for it."""
+    import dataclasses
+
+    from pipeline.reward_pool import RESTART_WAIT_S, start_pool, stop_pool
+
+    @ray_local.remote(num_cpus=0)
+    class Restarting:  # what a call to a judge on its way back raises
+        def score(self, *args):
+            raise ray_local.exceptions.ActorUnavailableError("restarting on another node", None)
+
+    pool = start_pool(load_config(None, ["judge.num_actors=1"]))
+    try:
+        questions, refs, cands = ["Frage A?"] * 2 + ["Frage B?"] * 2, ["Ja."] * 2 + ["Nein."] * 2, ["Ja.", "Nein."] * 2
+        alone = pool.run(pool.judge(questions, refs, cands))
+        two = dataclasses.replace(pool, judges=[Restarting.remote(), *pool.judges], judge_names=["lost", "alive"])
+        t0 = time.monotonic()
+        assert two.run(two.judge(questions, refs, cands)) == alone  # both groups scored by the judge alive
+        assert time.monotonic() - t0 < RESTART_WAIT_S / 6
+    finally:
+        stop_pool(pool)
+
+
 def _ray_train_worker_pids() -> list[int]:
     """Ray names worker processes after the actor they host (ray::RayTrainWorker...)."""
     import psutil
