@@ -171,7 +171,7 @@ def to_universal(checkpoint_dir: Path, dest: Path) -> None:
 
 def reshard(checkpoint_dir: Path, dest: Path, local_rank: int) -> str | None:
     """Every rank: the universal checkpoint of ``checkpoint_dir`` in ``dest``, written once per node
-    (by local rank 0; a node's ranks share ``dest``). Returns None when every rank can load it, else
+    (by local rank 0; the ranks of a machine share ``dest``). Returns None when every rank can load it, else
     why not: all ranks must agree, since the answer sets the DeepSpeed config of each."""
     import torch.distributed as dist
 

@@ -330,11 +330,16 @@ class RayTrainReporter(TrainerCallback):
     with Ray's own directory names (resume reads ``trainer_state.json`` at the top and
     ``train.registered_checkpoints`` uses ``checkpoint-<step>``), and reports the merged log history,
     so an old ``eval/score`` would ride along with every checkpoint into Tune's scheduler.
+
+    ``flush`` (rank 0 with ``output.storage``: ``RunFileSync.flush``) runs before each report, so
+    storage holds the run's files up to the checkpoint's step before Ray Train can register it: a
+    node that resumes from the checkpoint pulls them, and the rows up to it are all there.
     """
 
-    def __init__(self):
+    def __init__(self, flush=None):
         self.latest: dict[str, Any] = {}
         self.trainer = None
+        self.flush = flush
         self._save_start: float | None = None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -359,10 +364,12 @@ class RayTrainReporter(TrainerCallback):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         part = rank_part(ckpt, rank, Path(args.output_dir) / f".ray-part-{state.global_step}-rank{rank}")
         metrics = {**{k: v for k, v in self.latest.items() if v is not None}, "step": state.global_step}
+        if self.flush is not None:
+            self.flush()
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(part)),
                          checkpoint_dir_name=f"checkpoint-{state.global_step:06d}",
                          checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
-        seconds = time.perf_counter() - t0  # HF's save + this rank's part + handing it to the upload thread
+        seconds = time.perf_counter() - t0  # HF's save + this rank's part (+ the run's files) + the hand-over
         if self.trainer is not None and state.is_world_process_zero:  # a row of its own, like the evaluator's
             log_row(self.trainer, state, {"checkpoint/seconds": round(seconds, 3)})
 

@@ -241,13 +241,15 @@ def remove_unregistered_checkpoints(fs, root: str, after_step: int) -> list[str]
 class RunFileSync:
     """Rank 0 copies the run's files to storage in a thread: ``request()`` after a write, ``close()`` at the end.
 
-    Uploads never block a training step; a failed upload is retried at the next request and the
-    last error is kept (``close`` raises it, so a run never ends with storage silently behind).
+    Uploads never block a training step (but ``flush``, before a checkpoint is reported); a failed
+    upload is retried at the next request and the last error is kept (``close`` raises it, so a run
+    never ends with storage silently behind).
     """
 
     def __init__(self, store: RunStorage, run_dir: Path, interval_s: float = 2.0):
         self.store, self.run_dir, self.interval_s = store, Path(run_dir), interval_s
         self._wake, self._stop = threading.Event(), threading.Event()
+        self._lock = threading.Lock()  # one upload at a time: the thread's, or flush's
         self._dirs_due = False
         self.error: Exception | None = None
         self.uploads = 0
@@ -258,7 +260,15 @@ class RunFileSync:
         self._dirs_due |= dirs
         self._wake.set()
 
+    def flush(self) -> None:
+        """Upload the files now, in the caller's thread: storage then has every row written so far."""
+        self._sync_once()
+
     def _sync_once(self) -> None:
+        with self._lock:
+            self._sync_locked()
+
+    def _sync_locked(self) -> None:
         dirs, self._dirs_due = self._dirs_due, False
         try:
             self.store.push(self.run_dir, WORKER_FILES, WORKER_DIRS if dirs else ())

@@ -262,9 +262,9 @@ def train_loop_per_worker(config: dict) -> None:
     health = HealthCallback(config=cfg, print_fn=say or (lambda _msg: None))
     evaluator.samples_path = run_dir / EVAL_SAMPLES if is_rank0 else None
     events = RunEvents(run_dir, length_ctl, health)
-    reporter = RayTrainReporter()
-    # with storage, the run's files follow it there, uploaded in a thread
+    # with storage, the run's files follow it there, uploaded in a thread, and in full before each checkpoint
     sync = RunFileSync(store, run_dir) if is_rank0 and store is not None else None
+    reporter = RayTrainReporter(flush=None if sync is None else sync.flush)
     callbacks = training_callbacks(length_control=length_ctl, samples=samples, health=health, events=events,
                                    metrics=metrics, reporter=reporter, evaluator=evaluator,
                                    sync=None if sync is None else sync_callback(sync))
@@ -285,9 +285,9 @@ def train_loop_per_worker(config: dict) -> None:
             append_event(run_dir, "resume", step=step)
         if saved_world and step < cfg.optimization.max_steps:  # resharded through a universal checkpoint
             t0 = time.monotonic()
-            # one per node (its ranks share it); the node id keeps apart nodes that share a disk
-            node = ray.get_runtime_context().get_node_id()[:12]
-            universal = Path(tempfile.gettempdir()) / f"synth-grpo-universal-{node}-{run_dir.name}-{step}"
+            # one per machine: Ray Train numbers local ranks per node IP, and local rank 0 writes it
+            ip = ray.util.get_node_ip_address()
+            universal = Path(tempfile.gettempdir()) / f"synth-grpo-universal-{ip}-{run_dir.name}-{step}"
             failed = reshard(Path(resume_from), universal, ray.train.get_context().get_local_rank())
             if ray.train.get_context().get_local_rank() == 0:
                 checkpoint_files.callback(shutil.rmtree, universal, ignore_errors=True)

@@ -5,9 +5,9 @@ one Python process can join only one Ray, and the suite's session Ray stays unto
 hold one training worker each. When the first checkpoint is in storage, the node of one worker is
 removed. ``fixed``: ``num_workers: 2``, 1-CPU nodes, the judge on the head (no CPU); the run waits,
 then a replacement node is added and it resumes from storage. ``elastic``: ``num_workers: [1, 2]``,
-two judges asking for 0.01 CPU each, which SPREAD puts one on each worker node (the head has no
-CPU), so the lost node takes a judge with it; Ray restarts it on the node left (1.02 CPUs: a worker
-and both judges fit). The run goes on with one worker; then a replacement node is added and the
+2-CPU nodes, workers asking for 1.5 CPUs and two judges for 0.01 each, which SPREAD puts one on each
+worker node (the head has no CPU), so the lost node takes a judge with it; Ray restarts it on the node
+left (a worker and both judges fit). The run goes on with one worker; then a replacement node is added and the
 group grows back to two. Writes WORKDIR/result.json; the test asserts on it.
 """
 
@@ -37,7 +37,8 @@ def main(scenario: str, workdir: Path) -> None:
 
     storage = sys.argv[3]
     elastic = scenario == "elastic"
-    data = small(workdir, distributed={"num_workers": [1, 2] if elastic else 2, "zero_stage": 2, "cpus_per_worker": 1,
+    data = small(workdir, distributed={"num_workers": [1, 2] if elastic else 2, "zero_stage": 2,
+                                       "cpus_per_worker": 1.5 if elastic else 1,
                                        "max_failures": 3, "resize_check_s": 2 if elastic else 60},
                  judge={"cpus_per_actor": 0.01, "num_actors": 2, "max_restarts": 3} if elastic else
                        {"cpus_per_actor": 0, "num_actors": 1, "max_restarts": 3},
@@ -51,12 +52,12 @@ def main(scenario: str, workdir: Path) -> None:
 
     # The head has no CPU: Ray Train's elastic policy counts each node's CPUs (rounded down) as worker
     # slots, not what other actors hold, so a head CPU held by the judge would be counted as a free slot.
-    # A 1.02-CPU node is one slot, with room for two 0.01-CPU judges beside its worker: a judge that lost
-    # its node must not take CPU a worker needs (Ray Train counts the slot, the worker could not start).
+    # elastic: a 2-CPU node is one slot of 1.5 CPUs with room for two 0.01-CPU judges beside its worker (a
+    # judge that lost its node must not take CPU a worker needs: Ray Train would count a slot that cannot start).
     cluster = _retry(lambda: Cluster(initialize_head=True, shutdown_at_exit=True,
                                      head_node_args={"num_cpus": 0, "include_dashboard": False}))
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
-    node_cpus = 1.02 if elastic else 1
+    node_cpus = 2 if elastic else 1
     nodes = [_retry(lambda: cluster.add_node(num_cpus=node_cpus)) for _ in range(2)]
     cluster.wait_for_nodes()
     pool = start_pool(cfg)

@@ -57,6 +57,39 @@ def test_storage_under_a_file_exits_2_and_a_bad_scheme_is_a_config_error(tmp_pat
     assert proc.returncode == 2 and "output.storage: 'ftp://host/runs'" in proc.stderr, proc.stderr
 
 
+def test_run_files_flushed_before_a_checkpoint_and_dead_groups_checkpoints_removed(s3_server, tmp_path):
+    """flush() uploads the run's files in the caller's thread (the reporter calls it before each checkpoint
+    report, so a checkpoint is never registered ahead of its metrics rows in storage); and the folders of
+    checkpoints past a group's start step go, in a bucket and on a local disk, the rest stay."""
+    import pyarrow.fs as pafs
+
+    from pipeline.storage import RunFileSync, RunStorage, remove_unregistered_checkpoints
+
+    store = RunStorage(f"s3://{BUCKET}/flush", "run")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    sync = RunFileSync(store, run_dir, interval_s=3600)  # the thread uploads once, then not for an hour
+    try:
+        for step in (1, 2):
+            with (run_dir / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"step": step, "reward": 0.5}) + "\n")
+            sync.request()
+        sync.flush()
+        assert store.read_text("metrics.jsonl") == (run_dir / "metrics.jsonl").read_text()
+    finally:
+        sync.close()
+
+    for fs, root in ((store.fs, f"{store.path}/ray_train"), (pafs.LocalFileSystem(), str(tmp_path / "trainer"))):
+        for name in ("checkpoint-000002", "checkpoint-000004", "checkpoint-6", "other"):
+            fs.create_dir(f"{root}/{name}")
+            with fs.open_output_stream(f"{root}/{name}/a.pt") as f:
+                f.write(b"x")
+        assert sorted(remove_unregistered_checkpoints(fs, root, 2)) == ["checkpoint-000004", "checkpoint-6"]
+        left = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root))}
+        assert left == {"checkpoint-000002", "other"}
+        assert remove_unregistered_checkpoints(fs, f"{root}/missing", 0) == []
+
+
 # ---------------------------------------------------------------- end to end on S3
 
 
@@ -89,8 +122,19 @@ def test_zero2_checkpoints_in_s3_and_resume_with_empty_local_dirs(ray_local, s3_
 
     # A fresh cluster: no local run directory anywhere; the same config with more steps.
     shutil.rmtree(run_dir)
+    # What a bigger group that died before Ray Train registered its step-4 checkpoint leaves behind: a part
+    # in the bucket and one on this node's disk. This run saves step 4 again: it must not merge with them.
+    stale = "checkpoint-000004/global_step4/zero_pp_rank_5_mp_rank_00_optim_states.pt"
+    with store.fs.open_output_stream(f"{store.path}/ray_train/{stale}") as f:
+        f.write(b"a dead group's partition")
+    local_stale = run_dir / "trainer" / "checkpoint-4" / "global_step4" / "zero_pp_rank_5_mp_rank_00_optim_states.pt"
+    local_stale.parent.mkdir(parents=True)
+    local_stale.write_bytes(b"a dead group's partition")
     data["optimization"]["max_steps"] = 4
     cfg, run_dir, outcome = run(tmp_path, data, "s3run")
+    saved_again = store.list("ray_train/checkpoint-000004")
+    assert "ray_train/checkpoint-000004/trainer_state.json" in saved_again and f"ray_train/{stale}" not in saved_again
+    assert (run_dir / "trainer" / "checkpoint-4" / "trainer_state.json").exists() and not local_stale.exists()
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps 1-2 from the bucket, 3-4 trained now, once each
     assert rows[:2] == [r for r in first if "reward" in r]
