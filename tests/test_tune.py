@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import glob
 import json
 import math
 import os
@@ -18,8 +17,9 @@ import yaml
 
 from pipeline.config import ConfigError, RunConfig, config_from_dict, load_config
 from pipeline.search_space import SpaceError, fit_batch_to_groups, load_space, parse_space
-from pipeline.train import registered_checkpoints
-from pipeline.tune import OBJECTIVE, max_concurrent_trials, trained
+from pipeline.run_files import ADAPTER_DIR, EVENTS, METRICS, RAY_TRAIN_DIR
+from pipeline.storage import RunStorage
+from pipeline.tune import BEST_CONFIG, OBJECTIVE, RESULTS_CSV, TRIALS_DIR, TUNE_DIR, max_concurrent_trials
 
 REPO = Path(__file__).resolve().parents[1]
 LR = "optimization.learning_rate"
@@ -358,8 +358,7 @@ def test_three_trial_search_results_best_config_and_training_from_it(ray_local, 
     """...kept in S3 (moto's server) as well: with the local folder deleted, ``--resume`` restores it from there."""
     import shutil
 
-    from pipeline.storage import RunStorage
-    from pipeline.train import RAY_TRAIN_DIR, run_training
+    from pipeline.train import run_training
     from pipeline.tune import format_table, run_search
     from tests.conftest import BUCKET
 
@@ -444,11 +443,14 @@ def test_three_trial_search_results_best_config_and_training_from_it(ray_local, 
         assert store.read_text(f"trials/{trial_id}/metrics.jsonl") == text
 
 
-def trial_states(exp_dir: Path) -> dict[str, str]:
-    """Trial id -> status from Tune's latest saved experiment state."""
-    files = sorted(glob.glob(str(exp_dir / "tune" / "experiment_state-*.json")))
+# The crash test reads the search as the bucket holds it: what a resume from storage can use.
+
+
+def trial_states(exp: RunStorage) -> dict[str, str]:
+    """Trial id -> status from Tune's latest saved experiment state in the search's folder ``exp``."""
     try:
-        data = json.loads(Path(files[-1]).read_text())
+        names = sorted(f for f in exp.list(TUNE_DIR) if f.startswith(f"{TUNE_DIR}/experiment_state-") and f.endswith(".json"))
+        data = json.loads(exp.read_text(names[-1]))
     except (IndexError, OSError, ValueError):
         return {}
     states = {}
@@ -458,10 +460,35 @@ def trial_states(exp_dir: Path) -> dict[str, str]:
     return states
 
 
-def resume_events(run_dir: Path) -> list[int]:
-    path = run_dir / "events.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [e["step"] for e in rows if e.get("event") == "resume"]
+def registered_checkpoints(trial: RunStorage) -> list[str]:
+    """The checkpoints Ray Train registered for a trial (pipeline.train.registered_checkpoints, read from ``trial``)."""
+    try:
+        snap = json.loads(trial.read_text(f"{RAY_TRAIN_DIR}/checkpoint_manager_snapshot.json"))
+        return [c["checkpoint_dir_name"] for c in snap["checkpoint_results"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def trained(trial: RunStorage) -> bool:
+    """The adapter is saved (and uploaded) only after the last step."""
+    return trial.exists(f"{ADAPTER_DIR}/adapter_config.json")
+
+
+def resume_events(trial: RunStorage) -> list[int]:
+    text = trial.read_text(EVENTS) if trial.exists(EVENTS) else ""
+    return [e["step"] for e in map(json.loads, text.splitlines()) if e.get("event") == "resume"]
+
+
+def trained_steps(trial: RunStorage) -> list[int]:
+    """The training steps in a trial's metrics.jsonl, in order."""
+    text = trial.read_text(METRICS) if trial.exists(METRICS) else ""
+    return [m["step"] for m in map(json.loads, text.splitlines()) if "loss" in m]
+
+
+def fingerprint(trial: RunStorage) -> dict:
+    """A trial's files in storage (no mtime to trust there): every name, and the text of its logs."""
+    return {"files": trial.list(), METRICS: trial.read_text(METRICS), EVENTS: trial.read_text(EVENTS),
+            "snapshot": trial.read_text(f"{RAY_TRAIN_DIR}/checkpoint_manager_snapshot.json")}
 
 
 def signal_session(sid: int, sig: int) -> None:
@@ -476,81 +503,102 @@ def signal_session(sid: int, sig: int) -> None:
             continue
 
 
-def fingerprint(run_dir: Path) -> dict[str, float]:
-    return {str(p.relative_to(run_dir)): p.stat().st_mtime for p in run_dir.rglob("*") if p.is_file()}
-
-
 CRASH_STEPS = 8
 
 
 @pytest.mark.slow
-def test_crashed_search_resumes_keeping_finished_trials(tmp_path):
-    """The CLI killed (with its whole local Ray) once a trial has finished; --resume completes the rest."""
+def test_crashed_search_resumes_keeping_finished_trials(s3_server, tmp_path):
+    """The CLI killed (with its whole local Ray) once a trial has finished, its local folder deleted:
+    --resume completes the rest from S3 (moto's server)."""
+    import shutil
+    import uuid
+
+    from pipeline.storage import run_store
+    from tests.conftest import BUCKET
+
     cfg_path, space_path = tmp_path / "tiny.yaml", tmp_path / "space.yaml"
     # 8 steps, a checkpoint every 2: Ray Train registers a checkpoint a step or two after the worker saved it
     # (the upload runs beside training), so with 4 steps the window between a registered checkpoint and the
     # trial's end was under a second and CI twice saw a whole search pass without one trial caught in it.
-    data = small_tune(tmp_path)
+    data = small_tune(tmp_path, output={"storage": f"s3://{BUCKET}/crash-{uuid.uuid4().hex[:8]}"})
     data["optimization"]["max_steps"], data["eval"]["every_steps"] = CRASH_STEPS, 4
     cfg_path.write_text(yaml.safe_dump(data))
     space_path.write_text(yaml.safe_dump({**tiny_space(), "asha": {"grace_period": CRASH_STEPS}}))  # no early stops
     exp_dir = tmp_path / "crash"
+    exp = run_store(config_from_dict(data), exp_dir)  # <storage>/crash/: Tune's state in tune/, the trials in trials/
+    trial = exp.child(TRIALS_DIR).child
     cmd = [sys.executable, "-m", "pipeline", "tune", "--config", str(cfg_path), "--space", str(space_path),
            "--address", "local", "--name", "crash"]
     env = {**os.environ, "RAY_ADDRESS": "", "TUNE_GLOBAL_CHECKPOINT_S": "1"}  # Tune's saved state: at most 1 s old
+    assert env.get("AWS_ENDPOINT_URL") == s3_server  # the CLI reaches moto through the AWS SDK's environment
     out = (tmp_path / "first.log").open("w")  # a file, not a pipe: Ray's logs would fill a pipe no one reads
+    t0 = time.time()
     first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
 
-    def mid_run() -> set[str]:  # unfinished trials with a checkpoint to resume from, their last step still ahead
-        states, trials = trial_states(exp_dir), exp_dir / "trials"
-        return {t for t, s in states.items()
-                if s != "TERMINATED" and registered_checkpoints(trials / t) and not trained(trials / t)}
+    ended: dict[str, tuple] = {}  # trials TERMINATED in the bucket: their files no longer change, read once
+
+    def look() -> tuple[dict, dict]:  # from the bucket: Tune's trial states; per trial, registered checkpoints and adapter
+        states = trial_states(exp)
+        trials = {t: ended.get(t) or (registered_checkpoints(trial(t)), trained(trial(t))) for t in states}
+        ended.update({t: trials[t] for t, s in states.items() if s == "TERMINATED"})
+        return states, trials
+
+    def mid_run(states, trials) -> set[str]:  # unfinished, a checkpoint to resume from, the last step still ahead
+        return {t for t, s in states.items() if s != "TERMINATED" and trials[t][0] and not trials[t][1]}
 
     # Wait for one finished trial and one between checkpoints, then crash the whole session at once:
     # driver, local Ray and every worker (Ray's workers run in their own process groups). The session
-    # is frozen (SIGSTOP) and read again before the kill: a trial seen between checkpoints could
-    # otherwise finish in the moment between the look and the kill (CI saw one do so).
-    deadline, caught, states = time.time() + 600, set(), {}
+    # is frozen (SIGSTOP) and the bucket read again before the kill: a trial seen between checkpoints
+    # could otherwise finish in the moment between the look and the kill (CI saw one do so).
+    deadline, caught, states, trials = time.time() + 600, set(), {}, {}
     seen: list[tuple] = []  # (time, states, per trial: registered checkpoints, trained), each change: the failure message
     while time.time() < deadline and first.poll() is None:
-        states, caught = trial_states(exp_dir), mid_run()
-        look = (states, {t: (registered_checkpoints(exp_dir / "trials" / t), trained(exp_dir / "trials" / t)) for t in states})
-        if not seen or seen[-1][1:] != look:
-            seen.append((round(time.time(), 1), *look))
+        states, trials = look()
+        caught = mid_run(states, trials)
+        if not seen or seen[-1][1:] != (states, trials):
+            seen.append((round(time.time(), 1), states, trials))
         if caught and "TERMINATED" in states.values():
             signal_session(first.pid, signal.SIGSTOP)
-            time.sleep(0.5)  # let writes already in the kernel land
-            states, caught = trial_states(exp_dir), mid_run()
+            time.sleep(0.5)  # let requests moto has already received land
+            states, trials = look()
+            caught = mid_run(states, trials)
             if caught and "TERMINATED" in states.values():
                 signal_session(first.pid, signal.SIGKILL)
                 break
             signal_session(first.pid, signal.SIGCONT)
-        time.sleep(0.1)
+        time.sleep(0.5)  # each look is a dozen requests to moto, which shares the CPUs with the search
     finished = {t for t, s in states.items() if s == "TERMINATED"}
-    kept = {t: fingerprint(exp_dir / "trials" / t) for t in finished}
-    caught_at = {t: int(registered_checkpoints(exp_dir / "trials" / t)[-1].rsplit("-", 1)[1]) for t in caught}
+    caught_at = {t: int(trials[t][0][-1].rsplit("-", 1)[1]) for t in caught}
     first.wait(timeout=60)
     log = (tmp_path / "first.log").read_text()
     timeline = "\n".join(map(str, seen))
     assert finished and len(finished) < 3, timeline + "\n" + log[-2000:]
-    print(f"at the crash: states {states}, caught between checkpoints {caught_at}")
+    print(f"at the crash ({time.time() - t0:.0f} s): states {states}, caught between checkpoints {caught_at}")
     assert caught, "no trial was caught between checkpoints; the resume-from-checkpoint path went untested\n" + timeline
+    kept = {t: fingerprint(trial(t)) for t in finished}
+    logged = {t: trained_steps(trial(t))[-1:] for t in caught}  # what the resume finds beside the checkpoint
 
+    shutil.rmtree(exp_dir)  # a machine that never saw the search: --resume finds it in the bucket only
+    t1 = time.time()
     again = subprocess.run([*cmd[:-2], "--name", "crash", "--resume"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=900)
     print(again.stdout[-4000:])
+    print(f"resumed in {time.time() - t1:.0f} s")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resuming" in again.stdout and "sorted by eval/score" in again.stdout
-    rows = read_csv(exp_dir / "results.csv")
-    assert len(rows) == 3
-    assert {r["trial_id"] for r in rows} >= finished
+    # The table, from the folder the resume rebuilt here (its results.csv and best.yaml also in the bucket).
+    rows = read_csv(exp_dir / RESULTS_CSV)
+    assert len(rows) == 3 and {r["trial_id"] for r in rows} >= finished
+    assert (exp_dir / BEST_CONFIG).exists() and exp.exists(BEST_CONFIG) and exp.exists(RESULTS_CSV)
+    # The trials, from the bucket: what the resume wrote there.
     for t, before in kept.items():  # finished trials were not run again
-        assert fingerprint(exp_dir / "trials" / t) == before
+        assert f"[trial] {t} started" not in again.stdout, t
+        assert fingerprint(trial(t)) == before, t
     for t, ckpt in caught_at.items():  # trials caught mid-run went on from their checkpoint, not from step 0
-        assert resume_events(exp_dir / "trials" / t)[:1] == [ckpt], t
-    for r in rows:
-        steps = [m["step"] for m in map(json.loads, Path(r["run_dir"], "metrics.jsonl").read_text().splitlines()) if "loss" in m]
-        assert steps == list(range(1, CRASH_STEPS + 1)), (r["trial_id"], steps)  # no step twice, none past max_steps
+        assert resume_events(trial(t))[:1] == [ckpt], t
+    for r in rows:  # no step twice, none missing, none past max_steps
+        t, steps = r["trial_id"], trained_steps(trial(r["trial_id"]))
+        assert steps == list(range(1, CRASH_STEPS + 1)), (
+            t, steps, f"at the crash the bucket held checkpoint {caught_at.get(t)} and metrics to step {logged.get(t)}")
         assert r["status"] == "done" and float(r["step"]) == CRASH_STEPS
-    assert (exp_dir / "best.yaml").exists()
