@@ -131,7 +131,11 @@ def checkpoint_world_size(checkpoint_dir: Path) -> int | None:
     # ZeRO-1/2 write one model-states file; ZeRO-3 one per rank
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
         if (step_dir / name).is_file():
-            return int(torch.load(step_dir / name, map_location="cpu", mmap=True, weights_only=False)["dp_world_size"])
+            try:
+                states = torch.load(step_dir / name, map_location="cpu", mmap=True, weights_only=False)
+            except RuntimeError:  # written by torch's legacy serialization, which cannot be memory-mapped
+                states = torch.load(step_dir / name, map_location="cpu", weights_only=False)
+            return int(states["dp_world_size"])
     return None
 
 

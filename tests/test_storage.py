@@ -213,6 +213,26 @@ def test_zero2_optimizer_state_resharded_for_fewer_and_more_workers(tmp_path):
                 assert torch.equal(loaded[name][key], state[key]), (world, name, key)
 
 
+def test_a_checkpoint_that_cannot_be_resharded_falls_back_to_a_reset(tmp_path):
+    """reshard names why it failed (the worker then resets the optimizer with that reason) and leaves no
+    half-written universal folder behind."""
+    import torch
+
+    from pipeline.elastic import checkpoint_world_size, reshard
+
+    broken = tmp_path / "checkpoint-4"  # DeepSpeed's model states of 2 ranks, their partitions missing
+    (broken / "global_step4").mkdir(parents=True)
+    (broken / "latest").write_text("global_step4")
+    torch.save({"dp_world_size": 2, "mp_world_size": 1}, broken / "global_step4" / "mp_rank_00_model_states.pt")
+    assert checkpoint_world_size(broken) == 2
+    dest = tmp_path / "universal"
+    error = reshard(broken, dest, local_rank=0)
+    assert isinstance(error, str) and error.split(":")[0].endswith(("Error", "Exception")), error
+    assert not dest.exists()
+    assert checkpoint_world_size(tmp_path) is None  # no ZeRO checkpoint: nothing to reshard
+    assert reshard(broken, dest, local_rank=1) is None  # not the converting rank (and no process group here)
+
+
 # ---------------------------------------------------------------- a node lost mid-run
 
 
