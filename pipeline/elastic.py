@@ -175,8 +175,8 @@ def to_universal(checkpoint_dir: Path, dest: Path) -> None:
 
 def reshard(checkpoint_dir: Path, dest: Path, local_rank: int) -> str | None:
     """Every rank: the universal checkpoint of ``checkpoint_dir`` in ``dest``, written once per node
-    (by local rank 0; the ranks of a machine share ``dest``). Returns None when every rank can load it, else
-    why not: all ranks must agree, since the answer sets the DeepSpeed config of each."""
+    (by local rank 0; the ranks of a machine share ``dest``). Returns None when every rank can load
+    it, else why not: all ranks must agree, since the answer sets the DeepSpeed config of each."""
     import torch.distributed as dist
 
     error = None
@@ -192,6 +192,30 @@ def reshard(checkpoint_dir: Path, dest: Path, local_rank: int) -> str | None:
     errors: list = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
     return next((e for e in errors if e), None)
+
+
+def reshard_for_group(checkpoint_dir: Path, dest: Path, local_rank: int, step: int, previous: int, world: int,
+                      run_dir: Path | None = None, log=print) -> Path | None:
+    """Every rank of a group resuming on another count than its checkpoint's: the universal checkpoint
+    to load (see reshard), or None where it could not be made, and the optimizer state starts again.
+    Rank 0 (the one given ``run_dir``) records which in events.jsonl and says so on the console."""
+    import time
+
+    t0 = time.monotonic()
+    failed = reshard(checkpoint_dir, dest, local_rank)
+    if run_dir is not None and not failed:
+        if log:
+            log(f"[elastic] optimizer state resharded at step {step}: the checkpoint's ZeRO partitions of "
+                f"{previous} workers, loaded by {world} through a DeepSpeed universal checkpoint")
+        append_event(run_dir, "optimizer_resharded", step=step, previous=previous, num_workers=world,
+                     seconds=round(time.monotonic() - t0, 3))
+    elif run_dir is not None:
+        if log:
+            log(f"[elastic] optimizer state reset at step {step}: the checkpoint's ZeRO partitions are from "
+                f"{previous} workers, this group has {world}, and they could not be resharded ({failed}); "
+                "weights, schedule and step are kept")
+        append_event(run_dir, "optimizer_reset", step=step, previous=previous, num_workers=world, reason=failed)
+    return None if failed else dest
 
 
 @contextlib.contextmanager
@@ -211,7 +235,8 @@ def deepspeed_resume(universal: Path | None):
 
     def load(engine, checkpoint_path, load_module_strict=True):
         load_path, _ = engine.load_checkpoint(str(universal or checkpoint_path), load_module_strict=load_module_strict,
-                                              load_optimizer_states=universal is not None, load_lr_scheduler_states=True)
+                                              load_optimizer_states=universal is not None,
+                                              load_lr_scheduler_states=True)
         if load_path is None:
             raise ValueError(f"[deepspeed] failed to resume from checkpoint {universal or checkpoint_path}")
 

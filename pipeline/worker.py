@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +210,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     from pipeline.console import RunEvents, quiet_worker
     from pipeline.data import load_records
-    from pipeline.elastic import deepspeed_resume, for_world_size, record_world_size, reshard, resized
+    from pipeline.elastic import deepspeed_resume, for_world_size, record_world_size, reshard_for_group, resized
     from pipeline.health import HealthCallback
     from pipeline.length_control import CompletionLengthControl, reference_floor
     from pipeline.reward_clients import make_pool_reward_funcs
@@ -283,32 +282,21 @@ def train_loop_per_worker(config: dict) -> None:
             if say:
                 say(f"[resume] from checkpoint at step {step}")
             append_event(run_dir, "resume", step=step)
-        if saved_world and step < cfg.optimization.max_steps:  # resharded through a universal checkpoint
-            t0 = time.monotonic()
+        if saved_world and step < cfg.optimization.max_steps:
             # one per machine: Ray Train numbers local ranks per node IP, and local rank 0 writes it
             ip = ray.util.get_node_ip_address()
-            universal = Path(tempfile.gettempdir()) / f"synth-grpo-universal-{ip}-{run_dir.name}-{step}"
-            failed = reshard(Path(resume_from), universal, ray.train.get_context().get_local_rank())
-            if ray.train.get_context().get_local_rank() == 0:
-                checkpoint_files.callback(shutil.rmtree, universal, ignore_errors=True)
-            if is_rank0 and not failed:
-                log(f"[elastic] optimizer state resharded at step {step}: the checkpoint's ZeRO partitions of "
-                    f"{saved_world} workers, loaded by {world} through a DeepSpeed universal checkpoint")
-                append_event(run_dir, "optimizer_resharded", step=step, previous=saved_world, num_workers=world,
-                             seconds=round(time.monotonic() - t0, 3))
-            elif is_rank0:
-                log(f"[elastic] optimizer state reset at step {step}: the checkpoint's ZeRO partitions are from "
-                    f"{saved_world} workers, this group has {world}, and they could not be resharded ({failed}); "
-                    "weights, schedule and step are kept")
-                append_event(run_dir, "optimizer_reset", step=step, previous=saved_world, num_workers=world,
-                             reason=failed)
-            universal = None if failed else universal
+            dest = Path(tempfile.gettempdir()) / f"synth-grpo-universal-{ip}-{run_dir.name}-{step}"
+            local_rank = ray.train.get_context().get_local_rank()
+            if local_rank == 0:
+                checkpoint_files.callback(shutil.rmtree, dest, ignore_errors=True)
+            universal = reshard_for_group(Path(resume_from), dest, local_rank, step, saved_world, world,
+                                          run_dir=run_dir if is_rank0 else None, log=log)
     elif is_rank0:
         # A fresh start: rows from an attempt that died before its first checkpoint would repeat steps.
         for name in (METRICS, SAMPLES, EVAL_SAMPLES):
             (run_dir / name).unlink(missing_ok=True)
-    trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu, is_rank0,
-                                 load_universal=universal is not None)
+    trainer = build_grpo_trainer(cfg, run_dir, tokenizer, model, train_recs, funcs, weights, callbacks, on_gpu,
+                                 is_rank0, load_universal=universal is not None)
     quiet_worker(trainer, cfg.logging.console)
     length_ctl.bind(trainer)
     samples.trainer = evaluator.trainer = reporter.trainer = trainer

@@ -77,7 +77,7 @@ FIELD_TESTS: dict[str, str] = {
     "output.root": SEAM + "test_field_reaches_the_ray_train_trainer",
     "output.run_name": SEAM + "test_field_reaches_the_ray_train_trainer",
     "output.checkpoints_kept": SEAM + "test_field_reaches_the_ray_train_trainer",
-    "output.storage": "tests/test_storage.py::test_zero2_checkpoints_in_s3_and_resume_with_empty_local_dirs",
+    "output.storage": "tests/test_storage.py::test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs",
     "eval.num_prompts": "tests/test_train_ray.py::test_two_workers_zero2_end_to_end",
     "eval.every_steps": "tests/test_train_ray.py::test_two_workers_zero2_end_to_end",
     "eval.max_new_tokens": "tests/test_eval.py::test_eval_budget_is_the_field_or_the_runs_largest_length",

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import BUCKET, REPO, free_port
 
@@ -93,56 +95,87 @@ def test_run_files_flushed_before_a_checkpoint_and_dead_groups_checkpoints_remov
 # ---------------------------------------------------------------- end to end on S3
 
 
+def _registered(store) -> list[int]:
+    """Steps of the checkpoints Ray Train registered, as the bucket holds them."""
+    try:
+        snap = json.loads(store.read_text("ray_train/checkpoint_manager_snapshot.json"))
+        return [int(c["checkpoint_dir_name"].rsplit("-", 1)[1]) for c in snap["checkpoint_results"]]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
 @pytest.mark.slow
-def test_zero2_checkpoints_in_s3_and_resume_with_empty_local_dirs(ray_local, s3_server, tmp_path, capsys):
+def test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs(s3_server, tmp_path, capsys):
+    """synth-grpo train (2 ranks, ZeRO-2, output.storage on S3) killed with its whole local Ray once Ray
+    Train registered a checkpoint in the bucket; every local run directory deleted; the same command
+    again resumes from the bucket: steps once each, both ranks' shards, the run's files, the doctor."""
     from pipeline.doctor import doctor_cli
     from pipeline.run_callbacks import read_metrics
     from pipeline.storage import RunStorage
-    from tests.test_train_ray import run, small, train_rows
+    from tests.test_train_ray import resume_events, small, train_rows
+    from tests.test_tune import signal_session
 
-    storage = f"s3://{BUCKET}/runs"
+    storage, steps = f"s3://{BUCKET}/runs", 6
     data = small(tmp_path, distributed={"num_workers": 2, "zero_stage": 2, "cpus_per_worker": 0.5},
-                 judge={"cpus_per_actor": 0.25}, optimization={"per_device_train_batch_size": 4, "max_steps": 2},
-                 output={"storage": storage, "save_steps": 2})
-    cfg, run_dir, _ = run(tmp_path, data, "s3run")
-    store = RunStorage(storage, "s3run")
-    files = store.list()
+                 judge={"cpus_per_actor": 0.25}, optimization={"per_device_train_batch_size": 4, "max_steps": steps},
+                 eval={"num_prompts": 2, "every_steps": steps}, output={"storage": storage, "save_steps": 2})
+    data["output"]["run_name"] = "s3run"
+    cfg_path, run_dir, store = tmp_path / "s3run.yaml", tmp_path / "s3run", RunStorage(storage, "s3run")
+    cfg_path.write_text(yaml.safe_dump(data))
+    cmd = [sys.executable, "-m", "pipeline", "train", "--config", str(cfg_path), "--address", "local"]
+    env = {**os.environ, "RAY_ADDRESS": ""}  # the AWS SDK's variables from the s3_server fixture reach moto
+    with (tmp_path / "first.log").open("w") as out:  # a file: Ray's logs would fill a pipe no one reads
+        first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        deadline = time.time() + 600
+        while time.time() < deadline and first.poll() is None and not _registered(store):
+            time.sleep(0.3)
+        signal_session(first.pid, signal.SIGKILL)  # driver, local Ray and both workers at once, as a crash
+        first.wait(timeout=60)
+    at = _registered(store)
+    assert at and at[-1] < steps, (at, (tmp_path / "first.log").read_text()[-3000:])
+    step = at[-1]
+    ckpt = f"ray_train/checkpoint-{step:06d}"
+    files = store.list(ckpt)
     # One checkpoint holding both ranks' optimizer shards, the adapter and the trainer state.
-    shards = [f for f in files if f.startswith("ray_train/checkpoint-000002/global_step2/") and f.endswith("optim_states.pt")]
+    shards = [f for f in files if f.startswith(f"{ckpt}/global_step{step}/") and f.endswith("optim_states.pt")]
     assert sorted(Path(f).name.split("_mp_")[0] for f in shards) == ["zero_pp_rank_0", "zero_pp_rank_1"], files
     for name in ("trainer_state.json", "adapter_model.safetensors", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"):
-        assert f"ray_train/checkpoint-000002/{name}" in files, (name, files)
+        assert f"{ckpt}/{name}" in files, (name, files)
+    before = [r for r in map(json.loads, store.read_text("metrics.jsonl").splitlines()) if "reward" in r]
+    assert [r["step"] for r in before][:step] == list(range(1, step + 1))  # the rows reached the bucket first
+
+    shutil.rmtree(run_dir)  # a fresh cluster: no local run directory anywhere
+    # What a bigger group that died before Ray Train registered its next checkpoint leaves behind: a part in
+    # the bucket and one on this node's disk. This run saves that step again: it must not merge with them.
+    nxt = step + 2
+    stale = f"checkpoint-{nxt:06d}/global_step{nxt}/zero_pp_rank_5_mp_rank_00_optim_states.pt"
+    with store.fs.open_output_stream(f"{store.path}/ray_train/{stale}") as f:
+        f.write(b"a dead group's partition")
+    local_stale = run_dir / "trainer" / f"checkpoint-{nxt}" / f"global_step{nxt}" / "zero_pp_rank_5_mp_rank_00_optim_states.pt"
+    local_stale.parent.mkdir(parents=True)
+    local_stale.write_bytes(b"a dead group's partition")
+
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming" in again.stdout
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # up to the checkpoint from the bucket, then trained
+    assert rows[:step] == before[:step] and resume_events(run_dir) == [step]
+    remote = [r for r in store.read_text("metrics.jsonl").splitlines() if '"reward"' in r]
+    assert len(remote) == steps
+    saved_again = store.list(f"ray_train/checkpoint-{nxt:06d}")
+    assert f"ray_train/checkpoint-{nxt:06d}/trainer_state.json" in saved_again and f"ray_train/{stale}" not in saved_again
+    assert (run_dir / "trainer" / f"checkpoint-{nxt}" / "trainer_state.json").exists() and not local_stale.exists()
+    last = store.list(f"ray_train/checkpoint-{steps:06d}")
+    assert sum(f.endswith("optim_states.pt") for f in last) == 2, last
     # The run's files, readable with no node alive.
+    files = store.list()
     for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "eval_samples.jsonl", "health.json", "length_changes.json",
                  "adapter/adapter_config.json", "adapter/adapter_model.safetensors"):
         assert name in files, (name, files)
-    first = [r for r in read_metrics(run_dir / "metrics.jsonl")]
-    ckpt_rows = [r for r in first if "checkpoint/seconds" in r]
-    assert [r["step"] for r in ckpt_rows] == [2] and ckpt_rows[0]["checkpoint/seconds"] > 0
-
-    # A fresh cluster: no local run directory anywhere; the same config with more steps.
-    shutil.rmtree(run_dir)
-    # What a bigger group that died before Ray Train registered its step-4 checkpoint leaves behind: a part
-    # in the bucket and one on this node's disk. This run saves step 4 again: it must not merge with them.
-    stale = "checkpoint-000004/global_step4/zero_pp_rank_5_mp_rank_00_optim_states.pt"
-    with store.fs.open_output_stream(f"{store.path}/ray_train/{stale}") as f:
-        f.write(b"a dead group's partition")
-    local_stale = run_dir / "trainer" / "checkpoint-4" / "global_step4" / "zero_pp_rank_5_mp_rank_00_optim_states.pt"
-    local_stale.parent.mkdir(parents=True)
-    local_stale.write_bytes(b"a dead group's partition")
-    data["optimization"]["max_steps"] = 4
-    cfg, run_dir, outcome = run(tmp_path, data, "s3run")
-    saved_again = store.list("ray_train/checkpoint-000004")
-    assert "ray_train/checkpoint-000004/trainer_state.json" in saved_again and f"ray_train/{stale}" not in saved_again
-    assert (run_dir / "trainer" / "checkpoint-4" / "trainer_state.json").exists() and not local_stale.exists()
-    rows = train_rows(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps 1-2 from the bucket, 3-4 trained now, once each
-    assert rows[:2] == [r for r in first if "reward" in r]
-    events = read_metrics(run_dir / "events.jsonl")
-    assert [(e["event"], e.get("step")) for e in events if e["event"] == "resume"] == [("resume", 2)]
-    remote = [r for r in (store.read_text("metrics.jsonl").splitlines()) if '"reward"' in r]
-    assert len(remote) == 4
-    assert "checkpoint-000004" in " ".join(store.list("ray_train"))
+    ckpt_rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "checkpoint/seconds" in r]
+    assert steps in [r["step"] for r in ckpt_rows] and all(r["checkpoint/seconds"] > 0 for r in ckpt_rows)
     # The doctor reads the run straight from the bucket.
     capsys.readouterr()
     assert doctor_cli(type("A", (), {"run_dir": store.uri, "json": False})()) == 0
@@ -214,11 +247,12 @@ def test_zero2_optimizer_state_resharded_for_fewer_and_more_workers(tmp_path):
 
 
 def test_a_checkpoint_that_cannot_be_resharded_falls_back_to_a_reset(tmp_path):
-    """reshard names why it failed (the worker then resets the optimizer with that reason) and leaves no
-    half-written universal folder behind."""
+    """reshard names why it failed and leaves no half-written universal folder behind; the group then
+    loads no optimizer state, with an optimizer_reset record naming the reason and a console line."""
     import torch
 
-    from pipeline.elastic import checkpoint_world_size, reshard
+    from pipeline.elastic import checkpoint_world_size, reshard, reshard_for_group
+    from pipeline.run_callbacks import read_metrics
 
     broken = tmp_path / "checkpoint-4"  # DeepSpeed's model states of 2 ranks, their partitions missing
     (broken / "global_step4").mkdir(parents=True)
@@ -229,6 +263,11 @@ def test_a_checkpoint_that_cannot_be_resharded_falls_back_to_a_reset(tmp_path):
     error = reshard(broken, dest, local_rank=0)
     assert isinstance(error, str) and error.split(":")[0].endswith(("Error", "Exception")), error
     assert not dest.exists()
+    lines: list[str] = []
+    assert reshard_for_group(broken, dest, 0, 4, 2, 1, run_dir=tmp_path, log=lines.append) is None
+    reset = [e for e in read_metrics(tmp_path / "events.jsonl") if e["event"] == "optimizer_reset"]
+    assert [(e["step"], e["previous"], e["num_workers"], e["reason"]) for e in reset] == [(4, 2, 1, error)]
+    assert len(lines) == 1 and "optimizer state reset at step 4" in lines[0] and error in lines[0]
     assert checkpoint_world_size(tmp_path) is None  # no ZeRO checkpoint: nothing to reshard
     assert reshard(broken, dest, local_rank=1) is None  # not the converting rank (and no process group here)
 
