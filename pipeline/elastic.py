@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -157,13 +156,14 @@ def to_universal(checkpoint_dir: Path, dest: Path) -> None:
 
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
+    from pipeline.storage import file_rank
+
     tag = (Path(checkpoint_dir) / "latest").read_text().strip()
     # The converter takes every partition file in the folder: links to this checkpoint's group's only
     source, ranks = Path(dest) / "source" / tag, checkpoint_world_size(checkpoint_dir)
     source.mkdir(parents=True)
     for f in (Path(checkpoint_dir) / tag).iterdir():
-        m = re.match(r"zero_pp_rank_(\d+)_", f.name)
-        if f.is_file() and (m is None or int(m.group(1)) < ranks):
+        if f.is_file() and (file_rank(f.name) or 0) < ranks:
             (source / f.name).symlink_to(f.resolve())
     args = argparse.Namespace(input_folder=str(source), output_folder=str(Path(dest) / f"{tag}_universal"),
                               num_extract_workers=1, num_merge_workers=1,  # no process pool inside a Ray worker

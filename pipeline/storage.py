@@ -187,6 +187,12 @@ def check_writable(location: str, run_name: str) -> None:
 _RANK_FILE = re.compile(r"(?:zero_pp_rank_|rng_state_)(\d+)[_.]")
 
 
+def file_rank(name: str) -> int | None:
+    """The rank that wrote a per-rank checkpoint file (a ZeRO partition or RNG state), None for a shared one."""
+    m = _RANK_FILE.search(name)
+    return int(m.group(1)) if m else None
+
+
 def rank_part(checkpoint_dir: Path, rank: int, dest: Path) -> Path:
     """Hard links (copies across filesystems) of the files ``rank`` owns in an HF checkpoint folder.
 
@@ -197,9 +203,7 @@ def rank_part(checkpoint_dir: Path, rank: int, dest: Path) -> Path:
     checkpoint_dir = Path(checkpoint_dir)
     shutil.rmtree(dest, ignore_errors=True)  # a part left by an attempt that died at this step
     for src in sorted(p for p in checkpoint_dir.rglob("*") if p.is_file()):
-        m = _RANK_FILE.search(src.name)
-        owner = int(m.group(1)) if m else 0
-        if owner != rank:
+        if (file_rank(src.name) or 0) != rank:
             continue
         dst = dest / src.relative_to(checkpoint_dir)
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -262,27 +266,21 @@ class RunFileSync:
 
     def flush(self) -> None:
         """Upload the files now, in the caller's thread: storage then has every row written so far."""
-        self._sync_once()
-
-    def _sync_once(self) -> None:
         with self._lock:
-            self._sync_locked()
-
-    def _sync_locked(self) -> None:
-        dirs, self._dirs_due = self._dirs_due, False
-        try:
-            self.store.push(self.run_dir, WORKER_FILES, WORKER_DIRS if dirs else ())
-            self.uploads += 1
-            self.error = None
-        except Exception as e:  # keep training; try again at the next request
-            self.error = e
-            self._dirs_due |= dirs
+            dirs, self._dirs_due = self._dirs_due, False
+            try:
+                self.store.push(self.run_dir, WORKER_FILES, WORKER_DIRS if dirs else ())
+                self.uploads += 1
+                self.error = None
+            except Exception as e:  # keep training; try again at the next request
+                self.error = e
+                self._dirs_due |= dirs
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             if self._wake.wait(timeout=60):
                 self._wake.clear()
-                self._sync_once()
+                self.flush()
                 self._stop.wait(self.interval_s)  # at most one upload per interval
 
     def close(self) -> None:
@@ -290,7 +288,7 @@ class RunFileSync:
         self._wake.set()
         self._thread.join(timeout=120)
         self._dirs_due = True
-        self._sync_once()
+        self.flush()
         if self.error is not None:
             raise OSError(f"output.storage: could not copy the run's files to {self.store.uri}: {self.error}")
 

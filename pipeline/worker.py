@@ -220,7 +220,7 @@ def train_loop_per_worker(config: dict) -> None:
     from pipeline.storage import RunFileSync, remove_unregistered_checkpoints, sync_callback
     from rewards.judge import SelfJudge
 
-    rank = ray.train.get_context().get_world_rank()
+    rank, local_rank = ray.train.get_context().get_world_rank(), ray.train.get_context().get_local_rank()
     is_rank0 = rank == 0
     log = print if is_rank0 else None
     try:
@@ -239,7 +239,7 @@ def train_loop_per_worker(config: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)  # a node's own disk may not have it yet
     store = config.get("store")  # pipeline.storage.RunStorage with output.storage, else None
     if store is not None and ray.train.get_checkpoint() is not None:
-        if ray.train.get_context().get_local_rank() == 0:  # one copy per node; this node may never have seen the run
+        if local_rank == 0:  # one copy per node; this node may never have seen the run
             store.pull(run_dir, WORKER_FILES)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
@@ -286,7 +286,6 @@ def train_loop_per_worker(config: dict) -> None:
             # one per machine: Ray Train numbers local ranks per node IP, and local rank 0 writes it
             ip = ray.util.get_node_ip_address()
             dest = Path(tempfile.gettempdir()) / f"synth-grpo-universal-{ip}-{run_dir.name}-{step}"
-            local_rank = ray.train.get_context().get_local_rank()
             if local_rank == 0:
                 checkpoint_files.callback(shutil.rmtree, dest, ignore_errors=True)
             universal = reshard_for_group(Path(resume_from), dest, local_rank, step, saved_world, world,
@@ -307,7 +306,7 @@ def train_loop_per_worker(config: dict) -> None:
     if is_rank0:
         storage = ray.train.get_context().get_storage()
         remove_unregistered_checkpoints(storage.storage_filesystem, storage.experiment_fs_path, step)
-    if ray.train.get_context().get_local_rank() == 0:
+    if local_rank == 0:
         remove_unregistered_checkpoints(LocalFileSystem(), str(Path(trainer.args.output_dir).resolve()), step)
     if is_rank0:
         record_world_size(run_dir, trainer.args, ray.train.get_context().get_world_size(), step, log)

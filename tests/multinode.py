@@ -34,6 +34,7 @@ def main(scenario: str, workdir: Path) -> None:
     from pipeline.storage import RunStorage
     from pipeline.train import prepare_run_dir, run_training
     from tests.test_train_ray import small
+    from tests.test_tune import registered_checkpoints
 
     storage = sys.argv[3]
     elastic = scenario == "elastic"
@@ -67,18 +68,11 @@ def main(scenario: str, workdir: Path) -> None:
                     "training_nodes": [n.node_id for n in nodes]}
     victim = nodes[1]
 
-    def saved_a_checkpoint() -> bool:
-        try:
-            snap = json.loads(store.read_text("ray_train/checkpoint_manager_snapshot.json"))
-            return bool(snap["checkpoint_results"])
-        except Exception:
-            return False
-
     def last_step() -> int:
         return max([r["step"] for r in _rows(run_dir) if "reward" in r], default=0)
 
     def chaos() -> None:
-        while not saved_a_checkpoint() and thread.is_alive():
+        while not registered_checkpoints(store) and thread.is_alive():
             time.sleep(0.2)
         result["step_at_removal"] = last_step()
         log.append(f"{time.time():.1f} removing node {victim.node_id}")

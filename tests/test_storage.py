@@ -97,11 +97,9 @@ def test_run_files_flushed_before_a_checkpoint_and_dead_groups_checkpoints_remov
 
 def _registered(store) -> list[int]:
     """Steps of the checkpoints Ray Train registered, as the bucket holds them."""
-    try:
-        snap = json.loads(store.read_text("ray_train/checkpoint_manager_snapshot.json"))
-        return [int(c["checkpoint_dir_name"].rsplit("-", 1)[1]) for c in snap["checkpoint_results"]]
-    except (OSError, ValueError, KeyError):
-        return []
+    from tests.test_tune import registered_checkpoints
+
+    return [int(name.rsplit("-", 1)[1]) for name in registered_checkpoints(store)]
 
 
 @pytest.mark.slow

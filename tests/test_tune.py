@@ -452,10 +452,11 @@ def trial_states(exp: RunStorage) -> dict[str, str]:
     return states
 
 
-def registered_checkpoints(trial: RunStorage) -> list[str]:
-    """The checkpoints Ray Train registered for a trial (pipeline.train.registered_checkpoints, read from ``trial``)."""
+def registered_checkpoints(store: RunStorage) -> list[str]:
+    """The checkpoints Ray Train registered for a run or trial in storage (pipeline.train.registered_checkpoints,
+    read from ``store``; the node-loss and S3 resume tests use it too)."""
     try:
-        snap = json.loads(trial.read_text(f"{RAY_TRAIN_DIR}/checkpoint_manager_snapshot.json"))
+        snap = json.loads(store.read_text(f"{RAY_TRAIN_DIR}/checkpoint_manager_snapshot.json"))
         return [c["checkpoint_dir_name"] for c in snap["checkpoint_results"]]
     except (OSError, ValueError, KeyError, TypeError):
         return []
