@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         if args.command in ("train", "tune"):  # before Ray: one warning line per setting that cannot change the run
             warn_inert(cfg)
+            from pipeline.train import bind_embedded_ray_to_loopback
+
+            bind_embedded_ray_to_loopback(args.address)
         if args.command == "train":
             from pipeline.train import train_cli
 

@@ -120,7 +120,9 @@ def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print
 def checkpoint_world_size(checkpoint_dir: Path) -> int | None:
     """How many data-parallel ranks wrote the ZeRO partitions of an HF checkpoint (None: no ZeRO), as
     DeepSpeed recorded it in the step's model states: counting partition files would also count any a
-    dead group left in the folder. Memory-mapped, so a full model's weights in that file are not read."""
+    dead group left in the folder. Memory-mapped, so a full model's weights in that file are not read.
+    ``weights_only``: the file may come from storage others can write, and this read needs no pickled code
+    (DeepSpeed's own load of the same checkpoint unpickles in full: docs/cluster.md, "Trust")."""
     import torch
 
     latest = Path(checkpoint_dir) / "latest"
@@ -131,9 +133,9 @@ def checkpoint_world_size(checkpoint_dir: Path) -> int | None:
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
         if (step_dir / name).is_file():
             try:
-                states = torch.load(step_dir / name, map_location="cpu", mmap=True, weights_only=False)
+                states = torch.load(step_dir / name, map_location="cpu", mmap=True, weights_only=True)
             except RuntimeError:  # written by torch's legacy serialization, which cannot be memory-mapped
-                states = torch.load(step_dir / name, map_location="cpu", weights_only=False)
+                states = torch.load(step_dir / name, map_location="cpu", weights_only=True)
             return int(states["dp_world_size"])
     return None
 

@@ -127,6 +127,19 @@ def _wait_for_gcs(address: str, timeout_s: float) -> bool:
             time.sleep(0.5)
 
 
+def bind_embedded_ray_to_loopback(address: str | None) -> None:
+    """Where this process will start an embedded Ray, make its node listen on 127.0.0.1 only.
+
+    A local run needs no port reachable from the network, and Ray's ports run code for whoever reaches
+    them. Ray 2.60 binds its GCS, raylet and workers to the node's IP, found from the network unless
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is off (Ray's switch for single-machine platforms), which
+    Ray reads when it is imported: so this runs before anything imports ray, and its child processes
+    inherit it. Joining a cluster (``--address``, ``RAY_ADDRESS``) leaves the environment as it is.
+    """
+    if not (address or os.environ.get("RAY_ADDRESS")):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
 class RayUnreachable(RuntimeError):
     """The cluster to join does not answer."""
 

@@ -1,12 +1,16 @@
 """Secure defaults: no Hugging Face token in any config, remote code off unless the config turns it on,
-safetensors preferred over pickles. All fast (no Ray cluster, no training)."""
+safetensors preferred over pickles, checkpoints read without unpickling code, a local Ray on loopback.
+All fast (one short-lived local Ray, no training)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import shutil
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -199,3 +203,59 @@ def test_safetensors_loaded_and_pickle_never_unpickled(tiny_policy, tmp_path):
     assert not marker.exists()
     a, b = model.state_dict(), reference.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_checkpoint_rank_count_is_read_without_running_pickled_code(tmp_path):
+    """The elastic resume reads a checkpoint from storage before DeepSpeed does: that read unpickles
+    tensors and plain data only, so a crafted model-states file cannot run code through it."""
+    import torch
+
+    from pipeline.elastic import checkpoint_world_size
+
+    marker = tmp_path / "ran"
+    step = tmp_path / "global_step4"
+    step.mkdir()
+    (tmp_path / "latest").write_text("global_step4")
+    torch.save({"dp_world_size": 2, "payload": _RunsCode(str(marker))}, step / "mp_rank_00_model_states.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint_world_size(tmp_path)
+    assert not marker.exists()
+    torch.save({"dp_world_size": 3, "param_shapes": [{"w": torch.Size([2, 2])}], "ds_version": "0.19"},
+               step / "mp_rank_00_model_states.pt")
+    assert checkpoint_world_size(tmp_path) == 3
+
+
+class _RunsCode:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_a_local_run_opens_ray_ports_on_loopback_only(tmp_path):
+    """`synth-grpo train` without a cluster address starts Ray bound to 127.0.0.1: no port of its
+    GCS, raylet or workers answers on another interface (the CLI sets this before Ray is imported)."""
+    code = """
+import sys
+import pipeline.cli, pipeline.inert, pipeline.config
+assert "ray" not in sys.modules, "the CLI imports ray before it can bind an embedded Ray to loopback"
+from pipeline.train import bind_embedded_ray_to_loopback, init_ray
+bind_embedded_ray_to_loopback(None)
+init_ray(None, log=None)
+import psutil, ray
+exposed = []
+for p in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+    try:
+        conns = p.net_connections(kind="inet")
+    except psutil.Error:
+        continue
+    exposed += [f"{p.name()} {c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN
+                and not (c.laddr.ip.startswith("127.") or c.laddr.ip in ("::1", "::ffff:127.0.0.1"))]
+print("node", ray.util.get_node_ip_address(), "exposed", exposed)
+ray.shutdown()
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "node 127.0.0.1 exposed []" in proc.stdout, proc.stdout[-2000:]
