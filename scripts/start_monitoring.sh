@@ -2,31 +2,50 @@
 # Prometheus (and Grafana where it is installed) for the Ray head, both on 127.0.0.1, for the dashboard's
 # Metrics view and the synth-grpo Grafana dashboard. cluster.yaml runs this on the head after `ray start`.
 #
-# Prometheus: the system package's `prometheus` when installed (nothing downloaded), otherwise
-# `ray metrics launch-prometheus` (downloads Prometheus from GitHub, listens on every interface).
-# Either way it reads the config Ray writes for its session, which scrapes every node listed in Ray's
-# service-discovery file. Grafana: started with the grafana.ini and provisioning Ray writes, plus
-# docs/grafana/synth_grpo_dashboard.json. Run again, it replaces what it started before (a new Ray
-# session has new config). A watcher stops both when this user's Ray stops (`ray stop`, `ray down`),
-# so nothing is left running. Its files are under $RAY_TMP/synth-grpo-monitoring/.
+# Prometheus: the system package's `prometheus` when installed (nothing downloaded). Without it nothing
+# is downloaded unless SYNTH_GRPO_DOWNLOAD_PROMETHEUS=1 opts in to `ray metrics launch-prometheus`
+# (an unpinned binary from GitHub that listens on every interface). Either way it reads the config Ray
+# writes for its session, which scrapes every node listed in Ray's service-discovery file. Grafana:
+# started with the grafana.ini and provisioning Ray writes, plus docs/grafana/synth_grpo_dashboard.json.
+# Run again, it replaces what it started before (a new Ray session has new config). A watcher stops
+# both when this user's Ray stops (`ray stop`, `ray down`), so nothing is left running.
+#
+# Its state (pid files, data, logs) is in a folder only this user can enter (0700, default
+# ~/.cache/synth-grpo/monitoring, SYNTH_GRPO_MONITORING_DIR): a shared head's other users cannot plant
+# a pid file it would act on; a pid file is used only when it holds a number, a process of this user.
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 ray_tmp="${RAY_TMP:-/tmp/ray}"  # Ray's default --temp-dir, which cluster.yaml keeps
 session="$(readlink -f "$ray_tmp/session_latest")"
-state="$ray_tmp/synth-grpo-monitoring"
-mkdir -p "$state"
+state="${SYNTH_GRPO_MONITORING_DIR:-$HOME/.cache/synth-grpo/monitoring}"
 say() { echo "[monitoring] $*"; }
 
-# Replace what an earlier run started (its pids are ours: recorded below).
+(umask 077 && mkdir -p "$state")
+if [ -L "$state" ] || [ ! -O "$state" ]; then
+  say "ERROR: $state is a link or is not owned by $(id -un): not using it"
+  exit 1
+fi
+chmod 700 "$state"
+
+# A pid this script recorded: a number, and a live process of this user (else the file is stale or planted).
+our_pid() {
+  local pid
+  pid="$(head -c 32 "$1" 2>/dev/null | tr -d '[:space:]')"
+  [[ "$pid" =~ ^[0-9]+$ ]] && [ "$(ps -o uid= -p "$pid" 2>/dev/null | tr -d ' ')" = "$(id -u)" ] && echo "$pid"
+}
+
+# Replace what an earlier run started.
 for f in "$state"/*.pid; do
-  [ -e "$f" ] || continue
-  pid="$(cat "$f")"
-  kill "$pid" 2>/dev/null && for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  [ -f "$f" ] || continue
+  pid="$(our_pid "$f")"
+  if [ -n "$pid" ]; then
+    kill -- "$pid" 2>/dev/null && for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  fi
   rm -f "$f"
 done
 
 prom_cfg="$session/metrics/prometheus/prometheus.yml"
-for _ in $(seq 60); do [ -f "$prom_cfg" ] && break; sleep 1; done  # the dashboard writes it shortly after start
+for _ in $(seq "${SYNTH_GRPO_MONITORING_WAIT_S:-60}"); do [ -f "$prom_cfg" ] && break; sleep 1; done  # the dashboard writes it shortly after start
 if [ ! -f "$prom_cfg" ]; then
   say "WARNING: $prom_cfg was not written (is the dashboard running?): no Prometheus started"
 elif command -v prometheus >/dev/null; then
@@ -34,8 +53,10 @@ elif command -v prometheus >/dev/null; then
     --storage.tsdb.path="$state/prometheus-data" >"$state/prometheus.log" 2>&1 < /dev/null &
   echo $! > "$state/prometheus.pid"
   say "Prometheus $(prometheus --version 2>&1 | head -1 | awk '{print $3}') on 127.0.0.1:9090 (system package), scraping the nodes in Ray's service-discovery file"
+elif [ "${SYNTH_GRPO_DOWNLOAD_PROMETHEUS:-0}" != 1 ]; then
+  say "no prometheus on PATH: none started (install the system package: apt-get install prometheus; or set SYNTH_GRPO_DOWNLOAD_PROMETHEUS=1 to let \`ray metrics launch-prometheus\` download one, which listens on every interface)"
 else
-  say "no prometheus on PATH: trying \`ray metrics launch-prometheus\` (downloads it; it listens on every interface, keep port 9090 firewalled)"
+  say "SYNTH_GRPO_DOWNLOAD_PROMETHEUS=1: \`ray metrics launch-prometheus\` downloads Prometheus; it listens on every interface, keep port 9090 firewalled"
   (cd "$state" && timeout 300 ray metrics launch-prometheus >"$state/launch-prometheus.log" 2>&1)
   pid="$(grep -o 'running with PID [0-9]*' "$state/launch-prometheus.log" | grep -o '[0-9]*$')"
   if [ -n "$pid" ]; then
@@ -62,10 +83,14 @@ else
 fi
 
 # Stop both when this user's Ray stops: `ray down` runs `ray stop` on the head, which knows nothing of them.
-pids="$(cat "$state"/*.pid 2>/dev/null | tr '\n' ' ')"
-if [ -n "$pids" ]; then
-  setsid nohup bash -c "while pgrep -u $(id -u) -x gcs_server >/dev/null; do sleep 5; done; kill $pids 2>/dev/null" \
-    >/dev/null 2>&1 < /dev/null &
+pids=()
+for f in "$state"/prometheus.pid "$state"/grafana.pid; do
+  [ -f "$f" ] && pid="$(our_pid "$f")" && pids+=("$pid")
+done
+if [ "${#pids[@]}" -gt 0 ]; then
+  # the pids are arguments of the watcher, never part of its code
+  setsid nohup bash -c 'uid="$1"; shift; while pgrep -u "$uid" -x gcs_server >/dev/null; do sleep 5; done; kill -- "$@" 2>/dev/null' \
+    synth-grpo-monitoring-watcher "$(id -u)" "${pids[@]}" >/dev/null 2>&1 < /dev/null &
   echo $! > "$state/watcher.pid"
 fi
 exit 0

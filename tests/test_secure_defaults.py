@@ -11,6 +11,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import threading
 import typing
 from pathlib import Path
 
@@ -259,3 +260,47 @@ ray.shutdown()
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "node 127.0.0.1 exposed []" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_monitoring_script_acts_only_on_its_own_numeric_pids_and_downloads_nothing(tmp_path):
+    """scripts/start_monitoring.sh on a shared head: its state folder is private (0700), a planted pid
+    file is neither executed nor used to kill, a pid of this user's it recorded is replaced, and without
+    the system Prometheus it downloads nothing unless SYNTH_GRPO_DOWNLOAD_PROMETHEUS=1."""
+    session = tmp_path / "ray" / "session_1"
+    (session / "metrics" / "prometheus").mkdir(parents=True)
+    (session / "metrics" / "prometheus" / "prometheus.yml").write_text("scrape_configs: []\n")
+    (tmp_path / "ray" / "session_latest").symlink_to(session)
+    tools = tmp_path / "bin"  # PATH without prometheus, grafana or ray: what a head without them has
+    tools.mkdir()
+    for tool in ("bash", "ps", "pgrep", "id", "head", "tr", "mkdir", "chmod", "readlink", "rm", "seq", "sleep", "grep",
+                 "awk", "cat", "cp", "basename", "dirname", "setsid", "nohup", "timeout", "env"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    marker = tmp_path / "ran"
+    (state / "prometheus.pid").write_text(f"1; touch {marker}\n")
+    earlier = subprocess.Popen(["sleep", "300"])  # what an earlier run of the script started
+    reaper = threading.Thread(target=earlier.wait, daemon=True)  # reaped at once: the script sees it gone
+    reaper.start()
+    (state / "grafana.pid").write_text(f"{earlier.pid}\n")
+    env = {"PATH": str(tools), "HOME": str(tmp_path), "RAY_TMP": str(tmp_path / "ray"),
+           "SYNTH_GRPO_MONITORING_DIR": str(state), "SYNTH_GRPO_MONITORING_WAIT_S": "1"}
+    try:
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "start_monitoring.sh")], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        reaper.join(timeout=15)
+        assert earlier.returncode is not None  # replaced: its recorded pid was this user's
+    finally:
+        earlier.kill()
+    assert not marker.exists() and not list(state.glob("*.pid"))
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert "none started" in proc.stdout and "SYNTH_GRPO_DOWNLOAD_PROMETHEUS=1" in proc.stdout
+    assert not (state / "launch-prometheus.log").exists()  # nothing tried to download
+
+    link = tmp_path / "linked-state"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "start_monitoring.sh")], capture_output=True, text=True,
+                          env={**env, "SYNTH_GRPO_MONITORING_DIR": str(link)}, timeout=60)
+    assert proc.returncode == 1 and "is a link" in proc.stdout
