@@ -6,6 +6,9 @@ works headless and inside a process that already imported pyplot with another ba
 
 from __future__ import annotations
 
+import io
+import os
+import secrets
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -38,8 +41,17 @@ def series(rows: Iterable[Mapping[str, Any]], key: str) -> tuple[list[float], li
     return xs, ys
 
 
+PLOT_BOUND = 1e100  # values beyond it are not drawn: matplotlib's axis arithmetic overflows near 1e308
+
+
+def plot_series(rows: Iterable[Mapping[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """``series`` without the values no plot can show (beyond ±PLOT_BOUND, a diverged or corrupt log)."""
+    pairs = [(x, y) for x, y in zip(*series(rows, key)) if abs(y) <= PLOT_BOUND]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
 def _line(ax, rows, key, label=None, **kw) -> bool:
-    xs, ys = series(rows, key)
+    xs, ys = plot_series(rows, key)
     if xs:
         ax.plot(xs, ys, label=label or key, linewidth=1, **kw)
     return bool(xs)
@@ -57,8 +69,9 @@ def _mark(ax, findings, names) -> None:
 
 def _schedule(ax, rows, config) -> None:
     start, sched = config_caps(config)
-    xs = series(rows, "completions/max_length")[0]
-    if not sched or start is None or not xs:
+    xs = plot_series(rows, "completions/max_length")[0]
+    sched = [(s, n) for s, n in sched if abs(n) <= PLOT_BOUND]
+    if not sched or start is None or abs(start) > PLOT_BOUND or not xs:
         return
     steps = sorted({xs[0], xs[-1], *(float(s) for s, _ in sched if xs[0] <= s <= xs[-1])})
     ax.step(steps, [scheduled_length(sched, x, start) for x in steps], where="post", color="black", linestyle="--",
@@ -68,7 +81,23 @@ def _schedule(ax, rows, config) -> None:
 def save_png(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return write_replacing(path, buf.getvalue())
+
+
+def write_replacing(path: Path, data: str | bytes) -> Path:
+    """Write a report or plot whole through a temporary file in the same folder and a rename, so a
+    symlink planted at ``path`` (a run folder can come from anyone) is replaced, never followed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "xb") as fh:  # "x": never through a file or link already there
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -101,8 +130,8 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         fig = Figure(figsize=(9, 6))
         ax1, ax2 = fig.subplots(2, 1, sharex=True)
         _line(ax1, rows, "reward", color="black")
-        xs, ys = series(rows, "reward")
-        sx, sd = series(rows, "reward_std")
+        xs, ys = plot_series(rows, "reward")
+        sx, sd = plot_series(rows, "reward_std")
         std = dict(zip(sx, sd))
         if xs and std:
             pairs = [(x, y, std[x]) for x, y in zip(xs, ys) if x in std]

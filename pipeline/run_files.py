@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 CONFIG = "config.yaml"  # the resolved config (the driver); an earlier one is kept as config.<time>.yaml
 EVENTS = "events.jsonl"  # resumes, config changes, resizes, cap changes, findings, checkpoints (append_event)
@@ -35,19 +35,26 @@ WORKER_DIRS = (ADAPTER_DIR,)
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     """Rows of a JSONL file and the 1-based numbers of lines that are not JSON objects."""
     rows, broken = [], []
+    for no, obj in iter_jsonl(path):
+        if obj is None:
+            broken.append(no)
+        else:
+            rows.append(obj)
+    return rows, broken
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """(1-based line number, the JSON object on it, or None where the line is no JSON object) of each
+    non-blank line. Bytes that are not UTF-8 read as U+FFFD; a line nested too deep is no object."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         for no, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, an int of over 4300 digits, or nested too deep
                 obj = None
-            if isinstance(obj, dict):
-                rows.append(obj)
-            else:
-                broken.append(no)
-    return rows, broken
+            yield no, obj if isinstance(obj, dict) else None
 
 
 def read_metrics(path: Path) -> list[dict]:

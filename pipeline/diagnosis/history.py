@@ -53,7 +53,7 @@ class History:
             raw.append(NAN if v is None else v)
             x = float(n) if v is not None else 0.0
             self._sum[k].append(self._sum[k][-1] + (v or 0.0))
-            self._sq[k].append(self._sq[k][-1] + (v or 0.0) ** 2)
+            self._sq[k].append(self._sq[k][-1] + (v or 0.0) * (v or 0.0))  # inf past 1e154, where ** raises
             self._cnt[k].append(self._cnt[k][-1] + (v is not None))
             self._si[k].append(self._si[k][-1] + x)
             self._si2[k].append(self._si2[k][-1] + x * x)
