@@ -14,7 +14,8 @@ from pipeline.cli_errors import cli_error
 from pipeline.config import REWARD_COMPONENTS
 from pipeline.diagnosis.run_reader import RunDirError, load_run
 from pipeline.metric_names import CAP_METRIC, is_train_row
-from pipeline.plots import plot_series, save_png, series, write_replacing
+from pipeline.plots import plot_series, save_png, series
+from pipeline.run_files import write_atomic
 
 # metric -> "max" (higher is better), "min" (lower is better) or None (no better direction)
 TABLE_METRICS: dict[str, str | None] = {
@@ -199,7 +200,7 @@ def compare(run_dirs: list[str | Path], out_dir: str | Path) -> tuple[Path, dict
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     images = plot_families(runs, out)
-    return write_replacing(out / "compare.md", markdown_table(runs, images)), images
+    return write_atomic(out / "compare.md", markdown_table(runs, images)), images
 
 
 def compare_cli(args) -> int:

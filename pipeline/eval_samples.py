@@ -9,9 +9,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipeline.diagnosis.run_reader import line_list
 from pipeline.metric_names import number
-from pipeline.run_files import EVAL_SAMPLES, iter_jsonl
+from pipeline.run_files import EVAL_SAMPLES, iter_jsonl, line_list
 
 SHOWN = 2  # best and worst answers shown per evaluation
 MAX_COMPONENTS = 12  # score columns shown in a table

@@ -7,8 +7,6 @@ works headless and inside a process that already imported pyplot with another ba
 from __future__ import annotations
 
 import io
-import os
-import secrets
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -18,6 +16,7 @@ from matplotlib.figure import Figure
 from pipeline.config import scheduled_length
 from pipeline.diagnosis.rules import config_caps
 from pipeline.metric_names import CAP_METRIC, number
+from pipeline.run_files import write_atomic
 
 # which findings are marked on which plot
 _MARKS = {
@@ -83,22 +82,7 @@ def save_png(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    return write_replacing(path, buf.getvalue())
-
-
-def write_replacing(path: Path, data: str | bytes) -> Path:
-    """Write a report or plot whole through a temporary file in the same folder and a rename, so a
-    symlink planted at ``path`` (a run folder can come from anyone) is replaced, never followed."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as fh:  # "x": never through a file or link already there
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, buf.getvalue())  # a symlink planted at path is replaced, not followed
 
 
 def _finish(ax, title: str, findings, marks: str, xlabel: bool = True, twin=None) -> None:

@@ -9,9 +9,9 @@ from typing import Mapping
 
 from pipeline.diagnosis.history import History
 from pipeline.diagnosis.rules import Finding, RuleSettings, diagnose
-from pipeline.diagnosis.run_reader import Run, RunDirError, line_list, load_run
+from pipeline.diagnosis.run_reader import Run, RunDirError, load_run
 from pipeline.metric_names import CAP_METRIC, TRAIN_KEYS, number
-from pipeline.run_files import METRICS, REPORT
+from pipeline.run_files import METRICS, REPORT, line_list, write_atomic
 
 
 def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[str, Path]) -> Path:
@@ -52,9 +52,7 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
     if plots:
         out += ["", "## Plots", ""]
         out += [f"![{name}]({p.name})" for name, p in plots.items()]
-    from pipeline.plots import write_replacing
-
-    return write_replacing(run.path / REPORT, "\n".join(out) + "\n")
+    return write_atomic(run.path / REPORT, "\n".join(out) + "\n")
 
 
 def doctor(run_dir: str | Path, settings: RuleSettings | None = None,

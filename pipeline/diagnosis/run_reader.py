@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.metric_names import number
-from pipeline.run_files import CONFIG, METRICS, iter_jsonl
+from pipeline.run_files import CONFIG, METRICS, iter_jsonl, line_list
 
 MAX_STEP = 2**53  # a logged step is a count of optimizer steps: anything larger is no step
 CONFIG_MAX_BYTES = 1 << 20  # a resolved config is a few KB
@@ -174,9 +174,3 @@ def _expanded_size(root) -> int | None:
 
 def _first_line(e: Exception) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:200]
-
-
-def line_list(nums: list[int], most: int = 20) -> str:
-    """Line numbers for a message: the first ``most`` and how many more."""
-    s = ", ".join(map(str, nums[:most]))
-    return s + (f", ... ({len(nums) - most} more)" if len(nums) > most else "")
