@@ -109,7 +109,7 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
     keys = {k for r in rows for k in r}
     written: dict[str, Path] = {}
 
-    comps = sorted(k for k in keys if k.startswith("rewards/") and k.endswith("/mean"))
+    comps = sorted(k for k in keys if k.startswith("rewards/") and k.endswith("/mean") and len(k) <= 100)[:12]
     if "reward" in keys or comps:
         fig = Figure(figsize=(9, 6))
         ax1, ax2 = fig.subplots(2, 1, sharex=True)

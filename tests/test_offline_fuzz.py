@@ -408,3 +408,17 @@ def test_extreme_values_are_drawn_or_left_out(tmp_path):
     assert rc == 0, text
     md = (tmp_path / "cmp" / "compare.md").read_text()
     assert "| `reward` | run | 1e+308 | 1e+308 (0) | 4.941e-324 (9007199254740992) |" in md
+
+
+def test_thousands_of_reward_keys_stay_a_small_report(tmp_path):
+    """A hand-made log with 3,000 reward components and a 100 kB key: the doctor tracks the first 32
+    (of at most 100 characters), plots 12, and its report stays small."""
+    row = {f"rewards/c{k}/mean": 0.5 for k in range(3000)}
+    row["rewards/" + "x" * 100_000 + "/mean"] = 0.5
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": i, "reward": i / 10, **row}) for i in range(12)))
+    rc, text = call(["doctor", str(run)])
+    assert rc == 0 and len(text) < 10_000, text
+    report = (run / "report.md").read_text()
+    assert len(report) < 20_000 and report.count("| `rewards/c") == 32
