@@ -67,6 +67,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in OFFLINE_TOOLS:
+        try:
+            return _run(args)
+        except Exception as e:  # noqa: BLE001 - the last resort: a reader let something through
+            return cli_error(args.command, f"could not read {_inputs_of(args)} ({type(e).__name__}: "
+                             f"{(str(e).splitlines() or [''])[0][:200]}); this is a bug of synth-grpo's reader, please report it")
+    return _run(args)
+
+
+# Commands that only read files someone else may have written: never a traceback (cli_errors.py).
+OFFLINE_TOOLS = ("doctor", "compare", "plan")
+
+
+def _inputs_of(args) -> str:
+    """The files an offline tool read, for its last-resort message."""
+    if args.command == "doctor":
+        return repr(args.run_dir)
+    if args.command == "compare":
+        return ", ".join(map(repr, args.run_dirs))
+    model = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("model.name_or_path=")), None)
+    return f"config {args.config or 'default'!r}" + (f" and model {model!r}" if model else " and its model's config.json")
+
+
+def _run(args) -> int:
     try:
         if args.command == "build-tiny":
             from pipeline.tiny import build_tiny_cli

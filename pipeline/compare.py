@@ -14,7 +14,8 @@ from pipeline.cli_errors import cli_error
 from pipeline.config import REWARD_COMPONENTS
 from pipeline.diagnosis.run_reader import RunDirError, load_run
 from pipeline.metric_names import CAP_METRIC, is_train_row
-from pipeline.plots import save_png, series
+from pipeline.plots import plot_series, save_png, series
+from pipeline.run_files import write_atomic
 
 # metric -> "max" (higher is better), "min" (lower is better) or None (no better direction)
 TABLE_METRICS: dict[str, str | None] = {
@@ -30,6 +31,7 @@ TABLE_METRICS: dict[str, str | None] = {
 }
 # config keys that differ by construction between any two runs
 IGNORED_CONFIG_KEYS = ("output.root", "output.run_name")
+MAX_DIFF_ROWS = 200  # config differences listed in compare.md
 
 
 @dataclass
@@ -95,6 +97,12 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
+def _cell(v: Any, limit: int = 80) -> str:
+    """A config key or value for a table cell: one line, at most ``limit`` characters."""
+    s = " ".join(str(v)[: 4 * limit].split()).replace("|", "\\|").replace("`", "'")
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
 def markdown_table(runs: list[RunData], images: Mapping[str, Path] | None = None) -> str:
     out = ["# Run comparison", ""]
     out += [f"- **{r.name}**: `{r.path}` ({sum(1 for x in r.rows if is_train_row(x))} logged steps, "
@@ -115,7 +123,10 @@ def markdown_table(runs: list[RunData], images: Mapping[str, Path] | None = None
         out.append("The runs' configs are the same" + (" (or missing)" if any(r.config is None for r in runs) else "") + ".")
     else:
         out += ["| field | " + " | ".join(r.name for r in runs) + " |", "|---" * (len(runs) + 1) + "|"]
-        out += [f"| `{k}` | " + " | ".join(f"`{v}`" for v in vals) + " |" for k, vals in diffs.items()]
+        out += [f"| `{_cell(k)}` | " + " | ".join(f"`{_cell(v)}`" for v in vals) + " |"
+                for k, vals in list(diffs.items())[:MAX_DIFF_ROWS]]
+        if len(diffs) > MAX_DIFF_ROWS:
+            out += ["", f"... and {len(diffs) - MAX_DIFF_ROWS} more fields."]
     if images:
         out += ["", "## Plots", ""] + [f"![{name}]({p.name})" for name, p in images.items()]
     return "\n".join(out) + "\n"
@@ -138,7 +149,7 @@ def plot_families(runs: list[RunData], out_dir: Path) -> dict[str, Path]:
 
     def lines(ax, key: str, title: str | None = None, **kw) -> None:
         for i, r in enumerate(runs):
-            xs, ys = series(r.rows, key)
+            xs, ys = plot_series(r.rows, key)
             if xs:
                 ax.plot(xs, ys, color=colors[i % 10], label=r.name, linewidth=1, **kw)
         if title:
@@ -189,9 +200,7 @@ def compare(run_dirs: list[str | Path], out_dir: str | Path) -> tuple[Path, dict
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     images = plot_families(runs, out)
-    table = out / "compare.md"
-    table.write_text(markdown_table(runs, images), encoding="utf-8")
-    return table, images
+    return write_atomic(out / "compare.md", markdown_table(runs, images)), images
 
 
 def compare_cli(args) -> int:
@@ -201,6 +210,8 @@ def compare_cli(args) -> int:
         table, images = compare(args.run_dirs, out)
     except RunDirError as e:
         return cli_error("compare", e)
+    except OSError as e:  # could not write the table or plots
+        return cli_error("compare", f"could not write into {str(out)!r}: {e}", code=1)
     print(f"table: {table}")
     print("plots: " + ", ".join(str(p) for p in images.values()))
     return 0

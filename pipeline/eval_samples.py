@@ -9,9 +9,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipeline.run_files import EVAL_SAMPLES, read_metrics
+from pipeline.metric_names import number
+from pipeline.run_files import EVAL_SAMPLES, iter_jsonl, line_list
 
 SHOWN = 2  # best and worst answers shown per evaluation
+MAX_COMPONENTS = 12  # score columns shown in a table
 
 
 def answer_score(scores: Mapping[str, float], ended_with_eos: bool, weights: Mapping[str, float]) -> float:
@@ -40,14 +42,15 @@ def write(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def by_evaluation(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
-    """step -> that evaluation's answers; a step evaluated again after a resume keeps its last answers."""
+    """step -> that evaluation's answers; a step evaluated again after a resume keeps its last answers.
+    Rows that are no answer (see ``answer_problem``) are left out."""
     out: dict[int, list[Mapping[str, Any]]] = {}
     last, ids = None, set()
     for r in rows:
-        step = r.get("step")
-        if not isinstance(step, int) or "score" not in r:
+        if answer_problem(r):
             continue
-        key = (r.get("prompt"), r.get("sample", 0))
+        step = r["step"]
+        key = (str(r.get("prompt")), str(r.get("sample", 0)))
         if step != last or key in ids:  # a new evaluation (an answer again: the step evaluated anew)
             out[step], last, ids = [], step, set()
         ids.add(key)
@@ -55,43 +58,91 @@ def by_evaluation(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[s
     return out
 
 
+def answer_problem(row: Mapping[str, Any]) -> str | None:
+    """Why a row of eval_samples.jsonl is no answer the report can show, else None: it needs a whole
+    ``step`` of at least 0, a finite ``score`` and, if any, ``scores`` as a mapping."""
+    step = row.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= 2**53:
+        return "step"
+    if number(row.get("score")) is None:
+        return "score"
+    if not isinstance(row.get("scores", {}), Mapping):
+        return "scores"
+    return None
+
+
+def read_answers(run_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The answers of RUN_DIR/eval_samples.jsonl (none if it is missing) and one line naming the file
+    and the lines skipped (broken, or no answer by ``answer_problem``), else None."""
+    path = Path(run_dir) / EVAL_SAMPLES
+    if not path.is_file():
+        return [], None
+    rows, skipped = [], {}
+    try:
+        for no, row in iter_jsonl(path):
+            why = "not a JSON object" if row is None else answer_problem(row)
+            if why:
+                skipped.setdefault(why, []).append(no)
+            else:
+                rows.append(row)
+    except OSError as e:
+        return [], f"{path}: cannot be read ({e.strerror or e})"
+    if not skipped:
+        return rows, None
+    parts = [f"{len(nums)} with {'no valid ' + why if why in ('step', 'score', 'scores') else why} (lines {line_list(nums)})"
+             for why, nums in skipped.items()]
+    return rows, f"{path}: skipped {sum(map(len, skipped.values()))} rows that are no answer: " + "; ".join(parts)
+
+
 def best_and_worst(answers: Sequence[Mapping[str, Any]], n: int = SHOWN) -> tuple[list, list]:
-    ranked = sorted(answers, key=lambda r: -r["score"])
+    ranked = sorted(answers, key=lambda r: -float(r["score"]))
     return ranked[:n], ranked[max(n, len(ranked) - n):][::-1]
 
 
 def _cell(text: Any, limit: int = 300) -> str:
-    s = " ".join(str(text or "").split())
+    s = " ".join(str(text or "")[: 4 * limit].split())
     s = s if len(s) <= limit else s[: limit - 1] + "…"
     return s.replace("|", "\\|")
 
 
+def _score(v: Any) -> str:
+    v = number(v)
+    return "-" if v is None else f"{v:.3f}"
+
+
 def markdown(step: int, answers: Sequence[Mapping[str, Any]], n: int = SHOWN) -> list[str]:
     best, worst = best_and_worst(answers, n)
-    comps = list(answers[0]["scores"]) if answers else []
-    out = [f"| | score | {' | '.join(comps)} | EOS | question | answer | reference |",
+    comps = list((answers[0].get("scores") or {}) if answers else [])[:MAX_COMPONENTS]
+    out = [f"| | score | {' | '.join(_cell(c, 40) for c in comps)} | EOS | question | answer | reference |",
            "|---" * (len(comps) + 6) + "|"]
     for label, group in (("best", best), ("worst", worst)):
         for r in group:
-            out.append(f"| {label} | {r['score']:.3f} | " + " | ".join(f"{r['scores'][c]:.3f}" for c in comps)
-                       + f" | {'yes' if r.get('ended_with_eos') else 'no'} | {_cell(r['prompt'])} | "
-                       f"{_cell(r['completion'])} | {_cell(r['reference'])} |")
+            scores = r.get("scores") or {}
+            out.append(f"| {label} | {_score(r['score'])} | " + " | ".join(_score(scores.get(c)) for c in comps)
+                       + f" | {'yes' if r.get('ended_with_eos') is True else 'no'} | {_cell(r.get('prompt'))} | "
+                       f"{_cell(r.get('completion'))} | {_cell(r.get('reference'))} |")
     return out
 
 
-def report_section(run_dir: Path) -> list[str]:
-    """Markdown for the doctor's report.md: the best and worst answers of the first and last evaluation."""
-    evals = by_evaluation(read_metrics(Path(run_dir) / EVAL_SAMPLES))
+def report_section(run_dir: Path, warnings: list[str] | None = None) -> list[str]:
+    """Markdown for the doctor's report.md: the best and worst answers of the first and last evaluation.
+    A line about skipped rows goes to ``warnings`` (and into the section)."""
+    rows, skipped = read_answers(run_dir)
+    if skipped and warnings is not None:
+        warnings.append(skipped)
+    evals = by_evaluation(rows)
     if not evals:
-        return []
+        return ["", "## Held-out samples", "", skipped + "."] if skipped else []
     steps = sorted(evals)
     picked = [steps[0]] + ([steps[-1]] if steps[-1] != steps[0] else [])
     out = ["", "## Held-out samples", "",
            f"The best and worst {SHOWN} held-out answers of the first and last evaluation ({len(steps)} in all), "
            f"each with its component scores and its `eval/score` (`{EVAL_SAMPLES}` holds every answer of every evaluation)."]
+    if skipped:
+        out += ["", skipped + "."]
     for step in picked:
         answers = evals[step]
-        mean = sum(r["score"] for r in answers) / len(answers)
+        mean = sum(float(r["score"]) for r in answers) / len(answers)
         out += ["", f"### Step {step} ({len(answers)} answers, mean score {mean:.3f})", ""] + markdown(step, answers)
     return out
 

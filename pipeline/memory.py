@@ -111,27 +111,54 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, d: dict[str, Any], source: str) -> "ModelShape":
+        if not isinstance(d, dict):
+            raise PlanError(f"{source}: not a JSON object but {type(d).__name__}")
         d = d.get("text_config") or d
+        if not isinstance(d, dict):
+            raise PlanError(f"{source}: text_config is not a JSON object")
         try:
-            heads = int(d["num_attention_heads"])
+            heads = _shape_int(d, "num_attention_heads", 1 << 12)
+            hidden = _shape_int(d, "hidden_size", 1 << 17)
+            head_dim = _shape_int(d, "head_dim", 1 << 14, None)
+            if head_dim is None and heads > hidden:
+                raise ValueError(f"num_attention_heads {heads} > hidden_size {hidden} and no head_dim")
             mt = str(d.get("model_type", ""))
             return cls(
-                hidden_size=int(d["hidden_size"]),
-                intermediate_size=int(d["intermediate_size"]),
-                num_layers=int(d["num_hidden_layers"]),
+                hidden_size=hidden,
+                intermediate_size=_shape_int(d, "intermediate_size", 1 << 20),
+                num_layers=_shape_int(d, "num_hidden_layers", 1 << 12),
                 num_heads=heads,
-                num_kv_heads=int(d.get("num_key_value_heads") or heads),
-                vocab_size=int(d["vocab_size"]),
-                head_dim=d.get("head_dim"),
+                num_kv_heads=_shape_int(d, "num_key_value_heads", heads, heads),
+                vocab_size=_shape_int(d, "vocab_size", 1 << 24),
+                head_dim=head_dim,
                 tie_embeddings=bool(d.get("tie_word_embeddings", False)),
                 qkv_bias=mt.startswith("qwen2") or bool(d.get("attention_bias", False)),
                 o_bias=bool(d.get("attention_bias", False)) and not mt.startswith("qwen2"),
                 mlp_bias=bool(d.get("mlp_bias", False)),
-                max_positions=int(d.get("max_position_embeddings") or 131072),
+                max_positions=_shape_int(d, "max_position_embeddings", 1 << 31, 131072),
                 source=source,
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except KeyError as e:
             raise PlanError(f"{source}: config.json lacks a decoder shape field ({e})") from None
+        except ValueError as e:
+            raise PlanError(f"{source}: {e}") from None
+
+
+_NO_DEFAULT = object()
+
+
+def _shape_int(d: dict[str, Any], key: str, most: int, default: Any = _NO_DEFAULT) -> Any:
+    """A shape field of a config.json: a whole number from 1 to ``most`` (null or absent: the default,
+    KeyError without one); ValueError naming the field otherwise."""
+    v = d.get(key)
+    if v is None:
+        if default is _NO_DEFAULT:
+            raise KeyError(key)
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (1 <= v <= most) or v != int(v):
+        shown = json.dumps(v)[:40] if isinstance(v, (int, float, str, bool)) else type(v).__name__
+        raise ValueError(f"{key} is {shown}, expected a whole number from 1 to {most}")
+    return int(v)
 
 
 _LLAMA3_8B = ModelShape(4096, 14336, 32, 32, 8, 128256, max_positions=131072, source="built-in Llama-3.1-8B shape")
@@ -171,15 +198,34 @@ def _count_params(config_json: str) -> int | None:
         config = AutoConfig.for_model(**json.loads(config_json))
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config)
-    except (KeyError, TypeError, ValueError, ImportError):
+        model.tie_weights()  # init_empty_weights re-creates each parameter, which unties tied embeddings
+        return sum(p.numel() for p in model.parameters())
+    except Exception:  # noqa: BLE001 - any config transformers cannot build (the formula counts then)
         return None
-    model.tie_weights()  # init_empty_weights re-creates each parameter, which unties tied embeddings
-    return sum(p.numel() for p in model.parameters())
+
+
+CONFIG_JSON_MAX_BYTES = 4 << 20  # a model's config.json is a few KB (a VLM's with its processor a few 100 KB)
 
 
 def _read_config(path: Path, source: str) -> ModelShape:
-    text = path.read_text()
-    return dataclasses.replace(ModelShape.from_hf_config(json.loads(text), source), params=_count_params(text))
+    """The shape a config.json describes; PlanError naming the file when it cannot be read as one."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(CONFIG_JSON_MAX_BYTES + 1)
+    except OSError as e:
+        raise PlanError(f"{source}: cannot be read ({e.strerror or e})") from None
+    if len(data) > CONFIG_JSON_MAX_BYTES:
+        raise PlanError(f"{source}: larger than {CONFIG_JSON_MAX_BYTES >> 20} MiB, not a model's config.json")
+    try:
+        text = data.decode("utf-8")
+        d = json.loads(text)
+    except UnicodeDecodeError as e:
+        raise PlanError(f"{source}: not UTF-8 (byte {e.start})") from None
+    except ValueError as e:
+        raise PlanError(f"{source}: not valid JSON ({str(e)[:200]})") from None
+    except RecursionError:
+        raise PlanError(f"{source}: JSON nested too deep") from None
+    return dataclasses.replace(ModelShape.from_hf_config(d, source), params=_count_params(text))
 
 
 def _tiny_shape() -> ModelShape:

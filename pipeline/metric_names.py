@@ -20,10 +20,13 @@ TRAIN_KEYS = (
 
 
 def number(v: Any) -> float | None:
-    """A finite logged number as a float, else None (bools, strings, NaN, inf)."""
+    """A finite logged number as a float, else None (bools, strings, NaN, inf, ints beyond a float)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an int beyond float's range (JSON allows 400 digits)
+        return None
     return v if math.isfinite(v) else None
 
 

@@ -6,6 +6,7 @@ works headless and inside a process that already imported pyplot with another ba
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -15,6 +16,7 @@ from matplotlib.figure import Figure
 from pipeline.config import scheduled_length
 from pipeline.diagnosis.rules import config_caps
 from pipeline.metric_names import CAP_METRIC, number
+from pipeline.run_files import write_atomic
 
 # which findings are marked on which plot
 _MARKS = {
@@ -38,8 +40,17 @@ def series(rows: Iterable[Mapping[str, Any]], key: str) -> tuple[list[float], li
     return xs, ys
 
 
+PLOT_BOUND = 1e100  # values beyond it are not drawn: matplotlib's axis arithmetic overflows near 1e308
+
+
+def plot_series(rows: Iterable[Mapping[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """``series`` without the values no plot can show (beyond ±PLOT_BOUND, a diverged or corrupt log)."""
+    pairs = [(x, y) for x, y in zip(*series(rows, key)) if abs(y) <= PLOT_BOUND]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
 def _line(ax, rows, key, label=None, **kw) -> bool:
-    xs, ys = series(rows, key)
+    xs, ys = plot_series(rows, key)
     if xs:
         ax.plot(xs, ys, label=label or key, linewidth=1, **kw)
     return bool(xs)
@@ -57,8 +68,9 @@ def _mark(ax, findings, names) -> None:
 
 def _schedule(ax, rows, config) -> None:
     start, sched = config_caps(config)
-    xs = series(rows, "completions/max_length")[0]
-    if not sched or start is None or not xs:
+    xs = plot_series(rows, "completions/max_length")[0]
+    sched = [(s, n) for s, n in sched if abs(n) <= PLOT_BOUND]
+    if not sched or start is None or abs(start) > PLOT_BOUND or not xs:
         return
     steps = sorted({xs[0], xs[-1], *(float(s) for s, _ in sched if xs[0] <= s <= xs[-1])})
     ax.step(steps, [scheduled_length(sched, x, start) for x in steps], where="post", color="black", linestyle="--",
@@ -68,8 +80,9 @@ def _schedule(ax, rows, config) -> None:
 def save_png(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return write_atomic(path, buf.getvalue())  # a symlink planted at path is replaced, not followed
 
 
 def _finish(ax, title: str, findings, marks: str, xlabel: bool = True, twin=None) -> None:
@@ -96,13 +109,13 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
     keys = {k for r in rows for k in r}
     written: dict[str, Path] = {}
 
-    comps = sorted(k for k in keys if k.startswith("rewards/") and k.endswith("/mean"))
+    comps = sorted(k for k in keys if k.startswith("rewards/") and k.endswith("/mean") and len(k) <= 100)[:12]
     if "reward" in keys or comps:
         fig = Figure(figsize=(9, 6))
         ax1, ax2 = fig.subplots(2, 1, sharex=True)
         _line(ax1, rows, "reward", color="black")
-        xs, ys = series(rows, "reward")
-        sx, sd = series(rows, "reward_std")
+        xs, ys = plot_series(rows, "reward")
+        sx, sd = plot_series(rows, "reward_std")
         std = dict(zip(sx, sd))
         if xs and std:
             pairs = [(x, y, std[x]) for x, y in zip(xs, ys) if x in std]

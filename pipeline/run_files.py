@@ -7,9 +7,11 @@ storage, benchmarks). Import-light (no torch, no Ray), so workers and the CLI ca
 from __future__ import annotations
 
 import json
+import os
 import time
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 CONFIG = "config.yaml"  # the resolved config (the driver); an earlier one is kept as config.<time>.yaml
 EVENTS = "events.jsonl"  # resumes, config changes, resizes, cap changes, findings, checkpoints (append_event)
@@ -24,6 +26,7 @@ FATAL_FILE = "fatal_error.txt"  # written by rank 0 when an error a retry cannot
 RAY_TRAIN_DIR = "ray_train"  # Ray Train's storage: its checkpoints (kept K) and checkpoint_manager_snapshot.json
 TRAINER_DIR = "trainer"  # the HF Trainer's output_dir (its checkpoints pass through to Ray Train)
 REPORT = "report.md"  # `synth-grpo doctor`'s report, beside its PNG plots
+LEASE = ".lease.json"  # who writes the run now, and their heartbeat (run_lease.py); never copied between folders
 
 # The run's own files, by who writes them. The driver writes the config and its events before
 # the workers start and the summary after; rank 0 writes the rest while training.
@@ -32,22 +35,53 @@ WORKER_FILES = (METRICS, SAMPLES, EVAL_SAMPLES, HEALTH, EVENTS, LENGTH_CHANGES)
 WORKER_DIRS = (ADAPTER_DIR,)
 
 
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write a whole file through a temporary file in the same folder and a rename: a crash mid-write
+    leaves the previous file (or none), never half of one, and a symlink at ``path`` is replaced, not
+    followed. For files written whole; the JSONL logs are appended to instead."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     """Rows of a JSONL file and the 1-based numbers of lines that are not JSON objects."""
     rows, broken = [], []
+    for no, obj in iter_jsonl(path):
+        if obj is None:
+            broken.append(no)
+        else:
+            rows.append(obj)
+    return rows, broken
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """(1-based line number, the JSON object on it, or None where the line is no JSON object) of each
+    non-blank line. Bytes that are not UTF-8 read as U+FFFD; a line nested too deep is no object."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         for no, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, an int of over 4300 digits, or nested too deep
                 obj = None
-            if isinstance(obj, dict):
-                rows.append(obj)
-            else:
-                broken.append(no)
-    return rows, broken
+            yield no, obj if isinstance(obj, dict) else None
+
+
+def line_list(nums: list[int], most: int = 20) -> str:
+    """Line numbers for a message: the first ``most`` and how many more."""
+    s = ", ".join(map(str, nums[:most]))
+    return s + (f", ... ({len(nums) - most} more)" if len(nums) > most else "")
 
 
 def read_metrics(path: Path) -> list[dict]:

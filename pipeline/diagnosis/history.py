@@ -16,6 +16,7 @@ from pipeline.metric_names import CAP_METRIC, TRAIN_KEYS, is_train_row, number
 NAN = float("nan")
 # History keeps only what the rules and the report read (a live run logs ~50 keys for thousands of steps).
 TRACKED = frozenset(TRAIN_KEYS) | {CAP_METRIC, "clip_ratio/low_mean", "clip_ratio/high_mean", "entropy_coef", "learning_rate"}
+MAX_REWARD_KEYS = 32  # the first rewards/<name>/... keys kept (of at most 100 characters): a run logs a mean and std per component
 
 
 class History:
@@ -30,6 +31,7 @@ class History:
         self._si: dict[str, array] = {}  # sums of the row index, its square, and index x value: trend fits
         self._si2: dict[str, array] = {}
         self._siv: dict[str, array] = {}
+        self._reward_keys = 0  # rewards/... keys tracked (a hand-made log could have thousands)
         for r in rows:
             self.append(r)
 
@@ -44,16 +46,21 @@ class History:
         step = number(row.get("step"))
         self.steps.append(int(step) if step is not None else (self.steps[-1] + 1 if n else 0))
         for k, v in row.items():
-            if k not in self._raw and (k in TRACKED or k.startswith("rewards/")) and number(v) is not None:
-                self._raw[k], self._sum[k] = array("d", [NAN]) * n, array("d", [0.0]) * (n + 1)
-                self._sq[k], self._cnt[k] = array("d", [0.0]) * (n + 1), array("q", [0]) * (n + 1)
-                self._si[k], self._si2[k], self._siv[k] = (array("d", [0.0]) * (n + 1) for _ in range(3))
+            if k in self._raw or number(v) is None:
+                continue
+            if k not in TRACKED:
+                if not k.startswith("rewards/") or len(k) > 100 or self._reward_keys >= MAX_REWARD_KEYS:
+                    continue
+                self._reward_keys += 1
+            self._raw[k], self._sum[k] = array("d", [NAN]) * n, array("d", [0.0]) * (n + 1)
+            self._sq[k], self._cnt[k] = array("d", [0.0]) * (n + 1), array("q", [0]) * (n + 1)
+            self._si[k], self._si2[k], self._siv[k] = (array("d", [0.0]) * (n + 1) for _ in range(3))
         for k, raw in self._raw.items():
             v = number(row.get(k))
             raw.append(NAN if v is None else v)
             x = float(n) if v is not None else 0.0
             self._sum[k].append(self._sum[k][-1] + (v or 0.0))
-            self._sq[k].append(self._sq[k][-1] + (v or 0.0) ** 2)
+            self._sq[k].append(self._sq[k][-1] + (v or 0.0) * (v or 0.0))  # inf past 1e154, where ** raises
             self._cnt[k].append(self._cnt[k][-1] + (v is not None))
             self._si[k].append(self._si[k][-1] + x)
             self._si2[k].append(self._si2[k][-1] + x * x)

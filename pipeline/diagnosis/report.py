@@ -9,9 +9,9 @@ from typing import Mapping
 
 from pipeline.diagnosis.history import History
 from pipeline.diagnosis.rules import Finding, RuleSettings, diagnose
-from pipeline.diagnosis.run_reader import Run, RunDirError, line_list, load_run
+from pipeline.diagnosis.run_reader import Run, RunDirError, load_run
 from pipeline.metric_names import CAP_METRIC, TRAIN_KEYS, number
-from pipeline.run_files import METRICS, REPORT
+from pipeline.run_files import METRICS, REPORT, line_list, write_atomic
 
 
 def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[str, Path]) -> Path:
@@ -21,6 +21,8 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
     out.append(f"{len(h)} logged training steps ({steps}), {len(run.rows) - len(h)} other lines (eval, summary).")
     if run.broken_lines:
         out.append(f"Skipped {len(run.broken_lines)} broken lines of {METRICS}: {line_list(run.broken_lines)}.")
+    if run.bad_steps:
+        out.append(f"Skipped {len(run.bad_steps)} rows of {METRICS} whose step is no step number: {line_list(run.bad_steps)}.")
     if run.config_problem:
         out.append(run.config_problem + ".")
     resolved = sum(f.resolved for f in findings)
@@ -46,13 +48,11 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
             out.append(f"| `{key}` | {vals[0]:.4g} | {vals[-1]:.4g} | {min(vals):.4g} | {max(vals):.4g} |")
     from pipeline.eval_samples import report_section
 
-    out += report_section(run.path)
+    out += report_section(run.path, run.warnings)
     if plots:
         out += ["", "## Plots", ""]
         out += [f"![{name}]({p.name})" for name, p in plots.items()]
-    path = run.path / REPORT
-    path.write_text("\n".join(out) + "\n", encoding="utf-8")
-    return path
+    return write_atomic(run.path / REPORT, "\n".join(out) + "\n")
 
 
 def doctor(run_dir: str | Path, settings: RuleSettings | None = None,
@@ -75,13 +75,9 @@ def doctor(run_dir: str | Path, settings: RuleSettings | None = None,
 
 
 def input_warnings(run: Run) -> list[str]:
-    """What the command says on stderr about its input: skipped broken lines, an unreadable config."""
-    out = []
-    if run.broken_lines:
-        out.append(f"{run.path / METRICS}: skipped {len(run.broken_lines)} broken lines (lines {line_list(run.broken_lines)})")
-    if run.config_problem:
-        out.append(run.config_problem)
-    return out
+    """What the command says on stderr about its input, one line each naming the file: skipped broken
+    lines and rows, an unreadable config, skipped held-out answers."""
+    return list(run.warnings)
 
 
 def findings_text(run: Run, findings: list[Finding], report: Path, plots: Mapping[str, Path]) -> str:

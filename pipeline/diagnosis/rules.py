@@ -108,9 +108,14 @@ def _advice(cfg: Mapping[str, Any] | None, key: str, value: Any, reason: str) ->
     return f"{key}: {_fmt(value)}{now} — {reason}"
 
 
-def _fmt(v: Any) -> str:
-    """A config value as the YAML and --set spell it: a string bare, anything else as JSON (true, null, [..])."""
-    return v if isinstance(v, str) else json.dumps(v, default=str)
+def _fmt(v: Any, limit: int = 120) -> str:
+    """A config value as the YAML and --set spell it: a string bare, anything else as JSON (true, null, [..]);
+    at most ``limit`` characters (a run folder's config can hold anything)."""
+    try:
+        s = v if isinstance(v, str) else json.dumps(v, default=str)
+    except (ValueError, RecursionError):  # a circular or too deep value
+        s = f"<{type(v).__name__}>"
+    return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
@@ -129,7 +134,7 @@ def _lower_lr(cfg: Mapping[str, Any] | None) -> float:
 def _planned_rows(cfg: Mapping[str, Any] | None, s: RuleSettings | None = None) -> int | None:
     """Logged steps the run will have: optimization.max_steps / logging.logging_steps, else the settings' planned_rows."""
     steps, every = get_path(cfg, "optimization.max_steps"), get_path(cfg, "logging.logging_steps", 1)
-    ok = isinstance(steps, int) and isinstance(every, int) and every > 0
+    ok = isinstance(steps, int) and isinstance(every, int) and 0 < every and 0 <= steps <= 2**53
     return steps // every if ok else (s.planned_rows if s is not None else None)
 
 
@@ -291,7 +296,8 @@ def zero_variance_groups(h: History, end: int, s: RuleSettings, cfg: Mapping[str
 
 def config_caps(cfg: Mapping[str, Any] | None) -> tuple[int | None, list[tuple[int, int]]]:
     """(first cap, sorted [(step, length)]) of a config dict's generation.length_schedule (also drawn by plots)."""
-    sched = get_path(cfg, "generation.length_schedule") or []
+    sched = get_path(cfg, "generation.length_schedule")
+    sched = sched if isinstance(sched, list) else []
     mcl = get_path(cfg, "generation.max_completion_length", 160)
     start = get_path(cfg, "generation.adaptive.start", 64) if mcl == "adaptive" else mcl
     pairs = sorted((int(p[0]), int(p[1])) for p in sched if isinstance(p, (list, tuple)) and len(p) == 2

@@ -1,12 +1,24 @@
-"""Reading a run directory for the doctor and `synth-grpo compare`: its metric rows and config."""
+"""Reading a run directory for the doctor and `synth-grpo compare`: its metric rows and config.
+
+A run directory can hold anything (a live run's half-written last line, a file edited by hand, a
+folder someone else wrote), so the reader decides what each problem costs: a broken line or a row
+whose ``step`` is no step number is skipped and counted; a config.yaml that cannot be read only costs
+the advice's current values. Every such problem is one warning line that names the file.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.run_files import CONFIG, METRICS, read_jsonl
+from pipeline.metric_names import number
+from pipeline.run_files import CONFIG, METRICS, iter_jsonl, line_list
+
+MAX_STEP = 2**53  # a logged step is a count of optimizer steps: anything larger is no step
+CONFIG_MAX_BYTES = 1 << 20  # a resolved config is a few KB
+CONFIG_MAX_NODES = 100_000  # YAML nodes after alias expansion: an alias bomb expands to billions
+CONFIG_MAX_DEPTH = 100  # [ and { nesting
 
 
 class RunDirError(ValueError):
@@ -20,6 +32,8 @@ class Run:
     broken_lines: list[int]
     config: dict[str, Any] | None
     config_problem: str | None = None
+    bad_steps: list[int] = field(default_factory=list)  # line numbers of rows skipped for their step
+    warnings: list[str] = field(default_factory=list)  # one line each, naming the file: what the CLI prints
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -33,25 +47,130 @@ def load_run(run_dir: str | Path) -> Run:
     if not mpath.is_file():
         has = sorted(p.name for p in d.iterdir())[:10]
         raise RunDirError(f"no {METRICS} in {str(d)!r}" + (f" (it holds: {', '.join(has)})" if has else " (the directory is empty)"))
-    rows, broken = read_jsonl(mpath)
+    try:
+        numbered = list(iter_jsonl(mpath))
+    except OSError as e:
+        raise RunDirError(f"{mpath}: cannot be read ({e.strerror or e})") from None
+    broken = [no for no, row in numbered if row is None]
+    rows, bad_steps = _valid_steps([(no, row) for no, row in numbered if row is not None])
     if not rows:
         why = f"all {len(broken)} lines are broken (lines {line_list(broken)})" if broken else "it is empty"
+        if bad_steps:
+            why = f"{len(bad_steps)} rows have a step that is no step number (lines {line_list(bad_steps)})" + (
+                f" and {len(broken)} lines are broken" if broken else "")
         raise RunDirError(f"{mpath}: no metric rows, {why}")
-    cfg, problem = None, None
-    cpath = d / CONFIG
-    if cpath.is_file():
-        import yaml
+    cfg, problem = read_config(d / CONFIG)
+    if problem:
+        problem += "; advice will not name current values"
+    run = Run(d, rows, broken, cfg, problem, bad_steps)
+    if broken:
+        run.warnings.append(f"{mpath}: skipped {len(broken)} broken lines (lines {line_list(broken)})")
+    if bad_steps:
+        run.warnings.append(f"{mpath}: skipped {len(bad_steps)} rows whose step is not a whole number from 0 to 2**53 "
+                            f"(lines {line_list(bad_steps)})")
+    if problem:
+        run.warnings.append(problem)
+    return run
 
-        try:
-            cfg = yaml.safe_load(cpath.read_text(encoding="utf-8"))
-            if not isinstance(cfg, dict):
-                cfg, problem = None, f"{cpath}: not a mapping of config groups; advice will not name current values"
-        except yaml.YAMLError as e:
-            problem = f"{cpath}: not valid YAML ({str(e).splitlines()[0]}); advice will not name current values"
-    return Run(d, rows, broken, cfg, problem)
+
+def _valid_steps(numbered: list[tuple[int, dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[int]]:
+    """The rows whose ``step`` is absent, null, or a step number; and the line numbers of the others."""
+    good, bad = [], []
+    for no, row in numbered:
+        step = row.get("step")
+        s = number(step)
+        if step is None or (s is not None and 0 <= s <= MAX_STEP and s == int(s)):
+            good.append(row)
+        else:
+            bad.append(no)
+    return good, bad
 
 
-def line_list(nums: list[int], most: int = 20) -> str:
-    """Line numbers for a message: the first ``most`` and how many more."""
-    s = ", ".join(map(str, nums[:most]))
-    return s + (f", ... ({len(nums) - most} more)" if len(nums) > most else "")
+def read_config(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A run folder's config.yaml as a dict, or None and why not (None, None when there is none).
+    Bounded: at most CONFIG_MAX_BYTES, UTF-8, and CONFIG_MAX_NODES YAML nodes with aliases expanded
+    (a 600-byte alias bomb is billions), so what is made of it (tables, advice) stays small."""
+    if not path.is_file():
+        return None, None
+    import yaml
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(CONFIG_MAX_BYTES + 1)
+    except OSError as e:
+        return None, f"{path}: cannot be read ({e.strerror or e})"
+    if len(data) > CONFIG_MAX_BYTES:
+        return None, f"{path}: larger than {CONFIG_MAX_BYTES >> 20} MiB, not a run config"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"{path}: not UTF-8 (byte {e.start})"
+    depth = _flow_depth(text)
+    if depth > CONFIG_MAX_DEPTH:  # PyYAML's scanner is quadratic in it: 3,000 "[" take seconds
+        return None, f"{path}: brackets nested {depth} deep (at most {CONFIG_MAX_DEPTH}); not a run config"
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            size = _expanded_size(node)
+            if size is None:
+                return None, f"{path}: an alias refers to itself (a recursive YAML structure)"
+            if size > CONFIG_MAX_NODES:
+                return None, f"{path}: expands to more than {CONFIG_MAX_NODES} YAML nodes (aliases); not a run config"
+        cfg = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as e:
+        return None, f"{path}: not valid YAML ({_first_line(e)})"
+    except RecursionError:
+        return None, f"{path}: nested too deep"
+    except ValueError as e:  # PyYAML's int() of a number of over 4300 digits
+        return None, f"{path}: {_first_line(e)}"
+    finally:
+        loader.dispose()
+    if not isinstance(cfg, dict):
+        return None, f"{path}: not a mapping of config groups"
+    return cfg, None
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of [ and { in text (brackets inside strings count too: an upper bound)."""
+    if text.count("[") + text.count("{") <= CONFIG_MAX_DEPTH:
+        return 0 if not any(c in text for c in "[{") else min(text.count("[") + text.count("{"), CONFIG_MAX_DEPTH)
+    depth = deepest = 0
+    for c in text:
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def _expanded_size(root) -> int | None:
+    """Nodes of a composed YAML graph with every alias expanded (shared nodes counted each time they
+    are used), without expanding it; None when an alias refers to a node that contains it."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        kids = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            on_path.discard(key)
+            sizes[key] = min(1 + sum(sizes[id(k)] for k in kids), CONFIG_MAX_NODES + 1)
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            return None
+        on_path.add(key)
+        stack.append((node, True))
+        stack += [(k, False) for k in kids if id(k) not in sizes]
+    return sizes[id(root)]
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
