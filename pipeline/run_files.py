@@ -7,7 +7,9 @@ storage, benchmarks). Import-light (no torch, no Ray), so workers and the CLI ca
 from __future__ import annotations
 
 import json
+import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +26,31 @@ FATAL_FILE = "fatal_error.txt"  # written by rank 0 when an error a retry cannot
 RAY_TRAIN_DIR = "ray_train"  # Ray Train's storage: its checkpoints (kept K) and checkpoint_manager_snapshot.json
 TRAINER_DIR = "trainer"  # the HF Trainer's output_dir (its checkpoints pass through to Ray Train)
 REPORT = "report.md"  # `synth-grpo doctor`'s report, beside its PNG plots
+LEASE = ".lease.json"  # who writes the run now, and their heartbeat (run_lease.py); never copied between folders
 
 # The run's own files, by who writes them. The driver writes the config and its events before
 # the workers start and the summary after; rank 0 writes the rest while training.
 DRIVER_FILES = (CONFIG, EVENTS)
 WORKER_FILES = (METRICS, SAMPLES, EVAL_SAMPLES, HEALTH, EVENTS, LENGTH_CHANGES)
 WORKER_DIRS = (ADAPTER_DIR,)
+
+
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write a whole file through a temporary file in the same folder and a rename: a crash mid-write
+    leaves the previous file (or none), never half of one, and a symlink at ``path`` is replaced, not
+    followed. For files written whole; the JSONL logs are appended to instead."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
