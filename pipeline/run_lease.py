@@ -216,7 +216,9 @@ class LocalSlot:
     def renew(self, rec: dict) -> bool:
         """Write our renewed lease; False (nothing written) when the lease is no longer ours."""
         current = self.read()
-        if current is None or current.get("token") != rec["token"]:
+        if current is None:  # removed by hand: ours again, unless another start got there first
+            return self.create(rec)
+        if current.get("token") != rec["token"]:
             return False
         os.replace(self._tmp(rec), self.path)
         return True
@@ -242,12 +244,8 @@ class StorageSlot:
     def read(self) -> dict[str, Any] | None:
         try:
             return _parse(self.store.read_text(LEASE))
-        except FileNotFoundError:
+        except FileNotFoundError:  # pyarrow's "Path does not exist", on S3 as on a disk
             return None
-        except OSError as e:  # pyarrow: "Path does not exist" is an OSError subclass on some versions
-            if "does not exist" in str(e) or "NoSuchKey" in str(e) or "not found" in str(e).lower():
-                return None
-            raise
 
     def _write(self, rec: dict) -> None:
         self.store.write_bytes(LEASE, json.dumps(rec).encode("utf-8"))
@@ -265,9 +263,9 @@ class StorageSlot:
 
     def renew(self, rec: dict) -> bool:
         current = self.read()
-        if current is None or current.get("token") != rec["token"]:
+        if current is not None and current.get("token") != rec["token"]:
             return False
-        self._write(rec)
+        self._write(rec)  # ours, or removed by hand: ours again
         return True
 
     def release(self, token: str) -> None:

@@ -169,6 +169,9 @@ def test_heartbeat_renews_and_a_lease_taken_over_stops_its_old_holder(tmp_path, 
     time.sleep(0.7)
     assert json.loads((tmp_path / LEASE).read_text())["heartbeat"] > first
     assert dead_because(json.loads((tmp_path / LEASE).read_text())) is None
+    (tmp_path / LEASE).unlink()  # removed by hand: the next heartbeat writes it again
+    time.sleep(0.7)
+    assert json.loads((tmp_path / LEASE).read_text())["token"] == lease.token and not lost.is_set()
     (tmp_path / LEASE).write_text(json.dumps(holder()))  # what a process that judged it stale left there
     assert lost.wait(5) and "taken over by host elsewhere" in lease.lost
     lease.release()
