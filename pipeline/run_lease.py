@@ -169,9 +169,12 @@ class LocalSlot:
 
     def read(self) -> dict[str, Any] | None:
         try:
-            return _parse(self.path.read_text(encoding="utf-8"))
+            text = self.path.read_text(encoding="utf-8")
+            if not text:  # being written (created without a hard link): as old as the file
+                return {"host": "?", "pid": "?", "heartbeat": self.path.stat().st_mtime}
         except FileNotFoundError:
             return None
+        return _parse(text)
 
     def _tmp(self, rec: dict) -> Path:
         tmp = self.folder / f".lease.{uuid.uuid4().hex[:8]}.tmp"
@@ -192,6 +195,14 @@ class LocalSlot:
             return True
         except FileExistsError:
             return False
+        except OSError:  # a filesystem without hard links: exclusive create, then the content
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(rec))
+            return True
         finally:
             tmp.unlink(missing_ok=True)
 
