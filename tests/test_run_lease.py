@@ -1,6 +1,7 @@
-"""One writer per run: the lease (pipeline/run_lease.py) on a local folder and on S3 (moto's server),
-whole-file writes that a crash cannot leave half done, and a second `synth-grpo train` on a live run
-refused in seconds while the first trains on; once the first is killed, a rerun takes the lease over."""
+"""One writer per run: the lease (pipeline/run_lease.py) on a local folder, a plain-folder storage and
+S3 (moto's server), the CLI refusing a held run or search before Ray, and whole-file writes that a
+crash cannot leave half done. Two real `synth-grpo train` on one run (refused, then a takeover after
+SIGKILL that resumes) are part of tests/test_storage.py's killed ZeRO-2 run."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline.run_files import LEASE, read_metrics
 from pipeline.run_lease import LeaseHeld, RunLease, dead_because
@@ -178,6 +178,22 @@ def test_heartbeat_renews_and_a_lease_taken_over_stops_its_old_holder(tmp_path, 
     assert json.loads((tmp_path / LEASE).read_text())["token"] == "other"  # the new holder's lease stays
 
 
+def test_held_run_exits_2_before_ray_naming_the_holder(tmp_path, sleeper, capsys):
+    """The CLI end to end, with a second `train` on a live run, its SIGKILL and the takeover by a rerun
+    that resumes: tests/test_storage.py's killed ZeRO-2 run (its two starts are paid once there)."""
+    from pipeline.cli import main
+
+    run = tmp_path / "held"
+    run.mkdir()
+    (run / LEASE).write_text(json.dumps(holder(host=socket.gethostname(), pid=sleeper.pid, job_id=None)))
+    t0 = time.monotonic()
+    code = main(["train", "--set", f"output.root={tmp_path}", "--set", "output.run_name=held"])
+    err = capsys.readouterr().err
+    assert code == 2 and time.monotonic() - t0 < 10, err
+    assert f"pid {sleeper.pid} on {socket.gethostname()}" in err and "output.run_name" in err, err
+    assert sorted(p.name for p in run.iterdir()) == [LEASE]  # no config written, no Ray started
+
+
 def test_held_search_exits_2_before_ray_naming_the_holder(tmp_path, sleeper, capsys):
     from pipeline.cli import main
 
@@ -217,69 +233,3 @@ def test_a_whole_file_write_killed_midway_leaves_the_old_file(tmp_path, kind):
                           timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert path.read_text() == "old: 1\n"
-
-
-# ---------------------------------------------------------------- two `synth-grpo train` on one run
-
-
-def _registered(run_dir: Path) -> list[int]:
-    from pipeline.train import registered_checkpoints
-
-    return [int(n.rsplit("-", 1)[1]) for n in registered_checkpoints(run_dir)]
-
-
-@pytest.mark.slow
-def test_second_train_refused_while_the_first_writes_then_takes_over_a_killed_one(tmp_path, tiny_policy):
-    from tests.test_train_ray import resume_events, small, train_rows
-    from tests.test_tune import signal_session
-
-    steps = 6
-    data = small(tmp_path, model={"name_or_path": str(tiny_policy)}, optimization={"max_steps": steps},
-                 eval={"num_prompts": 0}, generation={"max_completion_length": 8})
-    data["output"]["run_name"] = "held"
-    cfg_path, run_dir = tmp_path / "held.yaml", tmp_path / "held"
-    cfg_path.write_text(yaml.safe_dump(data))
-    cmd = [sys.executable, "-m", "pipeline", "train", "--config", str(cfg_path), "--address", "local"]
-    env = {**os.environ, "RAY_ADDRESS": "", "SYNTH_GRPO_LEASE_HEARTBEAT_S": "1"}
-    log = (tmp_path / "first.log").open("w")  # a file: Ray's logs would fill a pipe no one reads
-    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and first.poll() is None and not train_rows(run_dir):
-            time.sleep(0.3)
-        assert train_rows(run_dir), (tmp_path / "first.log").read_text()[-3000:]
-        config_before = (run_dir / "config.yaml").read_bytes()
-
-        t0 = time.monotonic()
-        second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-        seconds = time.monotonic() - t0
-        assert second.returncode == 2 and seconds < 10, (seconds, second.stdout[-2000:], second.stderr[-2000:])
-        err = second.stderr
-        assert f"pid {first.pid}" in err and f"host {socket.gethostname()}" in err and "heartbeat" in err, err
-        assert "output.run_name" in err and "[ray]" not in second.stdout and "Traceback" not in err, err
-        assert (run_dir / "config.yaml").read_bytes() == config_before
-
-        while time.time() < deadline and first.poll() is None and not _registered(run_dir):
-            time.sleep(0.3)
-        before = train_rows(run_dir)  # the first wrote on: one row per step, none rewritten by the second
-        assert [r["step"] for r in before] == list(range(1, len(before) + 1))
-        at = _registered(run_dir)
-        signal_session(first.pid, signal.SIGKILL)  # driver, embedded Ray and its workers, as a crash
-        first.wait(timeout=60)
-    finally:
-        if first.poll() is None:
-            signal_session(first.pid, signal.SIGKILL)
-            first.wait(timeout=60)
-        log.close()
-    assert at and at[-1] < steps, (at, (tmp_path / "first.log").read_text()[-3000:])
-    assert json.loads((run_dir / LEASE).read_text())["pid"] == first.pid  # the killed holder's lease is left
-
-    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "[lease] took over" in again.stdout and f"pid {first.pid}" in again.stdout, again.stdout[-3000:]
-    taken = [e for e in read_metrics(run_dir / "events.jsonl") if e["event"] == "lease_takeover"]
-    assert [e["previous"]["pid"] for e in taken] == [first.pid] and "is gone from this host" in taken[0]["why"]
-    rows = train_rows(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # every step once
-    assert resume_events(run_dir) == [at[-1]]
-    assert not (run_dir / LEASE).exists()  # released at the end
