@@ -25,9 +25,9 @@ from tests.conftest import BUCKET, REPO
 
 @pytest.fixture
 def quick(monkeypatch):
-    """Heartbeats every 0.2 s, dead after 2 s without one, storage leases settle for 0.3 s."""
+    """Heartbeats every 0.2 s, dead after 5 s without one, storage leases settle for 0.3 s."""
     monkeypatch.setenv("SYNTH_GRPO_LEASE_HEARTBEAT_S", "0.2")
-    monkeypatch.setenv("SYNTH_GRPO_LEASE_STALE_S", "2")
+    monkeypatch.setenv("SYNTH_GRPO_LEASE_STALE_S", "5")
     monkeypatch.setenv("SYNTH_GRPO_LEASE_SETTLE_S", "0.3")
 
 
