@@ -12,6 +12,7 @@ from transformers import TrainerCallback
 
 from pipeline.diagnosis.history import History
 from pipeline.diagnosis.rules import Finding, RuleSettings, Tracker, config_dict
+from pipeline.run_files import write_atomic
 
 COUNTER_NAME = "synth_grpo_health_findings"
 
@@ -55,7 +56,7 @@ class HealthCallback(TrainerCallback):
         active, or resolved with the last step it held, on the history seen so far."""
         self.tracker.settle(self.history)
         path = Path(path)
-        path.write_text(Finding.to_json(self.findings) + "\n", encoding="utf-8")
+        write_atomic(path, Finding.to_json(self.findings) + "\n")
         return path
 
     def _count(self, rule: str) -> None:

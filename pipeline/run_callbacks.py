@@ -13,7 +13,7 @@ from typing import Any, Callable
 from transformers import TrainerCallback
 
 from pipeline.config import REWARD_COMPONENTS, RunConfig
-from pipeline.run_files import METRICS, SAMPLES, read_metrics
+from pipeline.run_files import METRICS, SAMPLES, read_metrics, write_atomic
 
 METRIC_PREFIX = "synth_grpo_"
 
@@ -38,7 +38,7 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
     """On resume, drop rows past the checkpoint so no step appears twice."""
     if path.exists():
         rows = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
-        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 class MetricsSink(TrainerCallback):

@@ -120,9 +120,7 @@ class RunStorage:
         for name in names:
             src = Path(run_dir) / name
             if src.is_file():
-                data = src.read_bytes()
-                with self.fs.open_output_stream(f"{self.path}/{name}") as f:
-                    f.write(data)
+                self.write_bytes(name, src.read_bytes())
                 done.append(name)
         for name in dirs:
             src = Path(run_dir) / name
@@ -131,6 +129,21 @@ class RunStorage:
                                 destination_filesystem=self.fs)
                 done.append(name + "/")
         return done
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """One file, whole: an object put (atomic on S3, GCS, Azure); on a local or shared disk a temporary
+        file renamed over the target, so a crash mid-write leaves the previous file."""
+        import pyarrow.fs as pafs
+
+        dest = f"{self.path}/{rel}"
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            with self.fs.open_output_stream(dest) as f:
+                f.write(data)
+            return
+        from pipeline.run_files import write_atomic
+
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(dest), data)
 
     def pull(self, run_dir: Path, names=(), dirs=(), only_larger: bool = True) -> list[str]:
         """Download the named files (and the files of the named folders) that storage holds; with ``only_larger`` a file

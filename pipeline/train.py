@@ -20,7 +20,7 @@ from pipeline.cli_errors import cli_error
 from pipeline.config import RunConfig
 from pipeline.metric_names import CAP_METRIC, is_train_row
 from pipeline.run_files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
-                                WORKER_FILES, append_event, read_metrics)
+                                WORKER_FILES, append_event, read_metrics, write_atomic)
 
 
 class FatalRunError(RuntimeError):
@@ -87,7 +87,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
         path.rename(kept)
         if log:
             log(f"[run] {path} differs from this run's config; the earlier one is kept as {kept.name}")
-    path.write_text(text, encoding="utf-8")
+    write_atomic(path, text)
     if store is not None:
         store.push(run_dir, DRIVER_FILES + tuple(p.name for p in run_dir.glob("config.*.yaml")))
     return resumed
@@ -265,7 +265,22 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
 
 
 def train_cli(cfg: RunConfig, args) -> int:
+    """`synth-grpo train`: the run's lease (run_lease.py) is held from before the run directory is
+    written until the command returns, whatever way it returns."""
+    from pipeline.run_lease import Leases
+
+    with Leases() as leases:
+        try:
+            return _train_cli(cfg, args, leases)
+        except KeyboardInterrupt:
+            if leases.lost:  # another writer took the run over: stop, never write beside it
+                return cli_error("train", f"stopped: {leases.lost}", code=1)
+            raise
+
+
+def _train_cli(cfg: RunConfig, args, leases) -> int:
     from pipeline.data import DataError, check_source
+    from pipeline.run_lease import LeaseHeld
     from pipeline.reward_pool import RewardPoolError
     from pipeline.storage import StorageError, check_writable, run_store
 
@@ -286,8 +301,10 @@ def train_cli(cfg: RunConfig, args) -> int:
         check_source(cfg.data)
         if cfg.output.storage:
             check_writable(cfg.output.storage, run_dir.name)
+        lease = leases.take(run_dir, run_store(cfg, run_dir), "train")  # one writer per run, before anything is written
         resumed = prepare_run_dir(cfg, run_dir, allow_config_change=getattr(args, "allow_config_change", False))
-    except (DataError, ResumeConflict, StorageError) as e:
+        lease.record_takeovers(run_dir, run_store(cfg, run_dir))
+    except (DataError, ResumeConflict, StorageError, LeaseHeld) as e:
         return cli_error("train", e)
     except OSError as e:
         field = "--run-dir" if args.run_dir else "output.root"
@@ -316,7 +333,7 @@ def train_cli(cfg: RunConfig, args) -> int:
         return cli_error("train", f"training failed: {type(cause).__name__}: {cause}\nthe run directory "
                                   f"{run_dir} and its checkpoints are kept; rerun the same command to resume", code=1)
     print("\n=== synth-grpo summary ===\n" + outcome.summary)
-    (run_dir / SUMMARY).write_text(outcome.summary + "\n", encoding="utf-8")
+    write_atomic(run_dir / SUMMARY, outcome.summary + "\n")
     store = run_store(cfg, run_dir)
     if store is not None:
         store.push(run_dir, [SUMMARY])

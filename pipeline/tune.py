@@ -17,6 +17,7 @@ machine that has none of it locally.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 import sys
@@ -28,7 +29,7 @@ import yaml
 
 from pipeline.cli_errors import cli_error
 from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path
-from pipeline.run_files import ADAPTER_DIR, CONFIG, METRICS, read_metrics
+from pipeline.run_files import ADAPTER_DIR, CONFIG, METRICS, read_metrics, write_atomic
 from pipeline.search_space import SearchSpace, SpaceError, load_space, parse_space
 
 OBJECTIVE = "eval/score"
@@ -218,8 +219,8 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
         base = resolve_base(cfg)
         _check_base(base, space)
         exp_dir.mkdir(parents=True, exist_ok=True)
-        (exp_dir / BASE_CONFIG).write_text(base.to_yaml(), encoding="utf-8")
-        (exp_dir / SPACE_COPY).write_text(yaml.safe_dump(space.raw, sort_keys=False), encoding="utf-8")
+        write_atomic(exp_dir / BASE_CONFIG, base.to_yaml())
+        write_atomic(exp_dir / SPACE_COPY, yaml.safe_dump(space.raw, sort_keys=False))
         if store is not None:
             store.push(exp_dir, [BASE_CONFIG, SPACE_COPY])
     base_dict = base.to_dict()
@@ -361,11 +362,11 @@ def collect_rows(trials: Sequence[tuple[str, str, dict, Any]], space: SearchSpac
 
 
 def write_results_csv(rows: list[dict], columns: list[str], path: Path) -> Path:
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    out = io.StringIO(newline="")
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_atomic(path, out.getvalue())
 
 
 def _short(key: str) -> str:
@@ -407,7 +408,7 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
     cfg.output.root, cfg.output.run_name = base.output.root, f"{name}-best"
     header = (f"# best trial {best['trial_id']} of search {name}: {OBJECTIVE} {best[OBJECTIVE]:.4f} at step "
               f"{best[TIME_ATTR]} (trial run directory {best['run_dir']})\n")
-    path.write_text(header + cfg.to_yaml(), encoding="utf-8")
+    write_atomic(path, header + cfg.to_yaml())
     return path
 
 
@@ -415,7 +416,22 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
 
 
 def tune_cli(cfg: RunConfig, args) -> int:
+    """`synth-grpo tune`: the search's lease (run_lease.py, on ``<output.root>/<name>/`` and its storage
+    folder) is held from before anything of the search is written until the command returns."""
+    from pipeline.run_lease import Leases
+
+    with Leases() as leases:
+        try:
+            return _tune_cli(cfg, args, leases)
+        except KeyboardInterrupt:
+            if leases.lost:  # another writer took the search over: stop, never write beside it
+                return cli_error("tune", f"stopped: {leases.lost}", code=1)
+            raise
+
+
+def _tune_cli(cfg: RunConfig, args, leases) -> int:
     from pipeline.data import DataError, check_source
+    from pipeline.run_lease import LeaseHeld
     from pipeline.reward_pool import RewardPoolError
     from pipeline.storage import StorageError, check_writable, run_store
     from pipeline.train import RayUnreachable, init_ray
@@ -433,6 +449,8 @@ def tune_cli(cfg: RunConfig, args) -> int:
         if cfg.output.storage:
             check_writable(cfg.output.storage, name)
         store = run_store(cfg, exp_dir)
+        # one search per name: held before the check that no search exists, so two starts cannot both pass it
+        leases.take(exp_dir, store, "tune", what="search").record_takeovers(exp_dir, store)
         where = f"{exp_dir}" + (f" or {store.uri}" if store else "")
         if not args.resume and ((exp_dir / TUNE_DIR).exists() or (store is not None and store.exists(TUNE_DIR))):
             return cli_error("tune", f"a search already exists at {where}; pass --resume to continue it, "
@@ -440,7 +458,7 @@ def tune_cli(cfg: RunConfig, args) -> int:
         if args.resume and not ((exp_dir / BASE_CONFIG).is_file() or (store is not None and store.exists(BASE_CONFIG))):
             return cli_error("tune", f"--resume: no search at {where} (it is found through --config's output.root, "
                                      "output.storage and --name)")
-    except StorageError as e:
+    except (StorageError, LeaseHeld) as e:
         return cli_error("tune", e)
     from pipeline.console import quiet_environment
 

@@ -19,7 +19,7 @@ from pipeline.config import TINY_POLICY, ConfigError, RunConfig, config_from_dic
 from pipeline.data import DataError
 from pipeline.metric_names import CAP_METRIC
 from pipeline.run_files import (ADAPTER_DIR, EVAL_SAMPLES, FATAL_FILE, HEALTH, LENGTH_CHANGES, METRICS, SAMPLES,
-                                TRAINER_DIR, WORKER_FILES, append_event, read_metrics)
+                                TRAINER_DIR, WORKER_FILES, append_event, read_metrics, write_atomic)
 
 # Errors a retry cannot fix: the same data, model and config fail the same way on every attempt.
 # OSError covers transformers' "not a local folder and not a valid model identifier" and missing files.
@@ -233,7 +233,7 @@ def train_loop_per_worker(config: dict) -> None:
         # Ray Train's failure policy retries any raised error; the same data, model and config would
         # fail again, so the worker ends cleanly and leaves the cause for the driver (exit 2).
         if is_rank0:
-            (Path(config["run_dir"]) / FATAL_FILE).write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
+            write_atomic(Path(config["run_dir"]) / FATAL_FILE, f"{type(e).__name__}: {e}\n")
         return
     run_dir = Path(config["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)  # a node's own disk may not have it yet
@@ -323,7 +323,7 @@ def train_loop_per_worker(config: dict) -> None:
         tokenizer.save_pretrained(str(run_dir / ADAPTER_DIR))
         (run_dir / ADAPTER_DIR / "training_args.bin").unlink(missing_ok=True)  # a pickle nothing needs to load
         if not finished:  # a rerun of a finished run saw no step: keep what the run wrote
-            (run_dir / LENGTH_CHANGES).write_text(json.dumps(length_ctl.changes))
+            write_atomic(run_dir / LENGTH_CHANGES, json.dumps(length_ctl.changes))
             health.write(run_dir / HEALTH)
     if sync is not None:
         sync.close()  # everything, the adapter included, is in storage before the run reports done

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.run_files import LEASE
 from tests.conftest import BUCKET, REPO, free_port
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
@@ -106,7 +107,8 @@ def _registered(store) -> list[int]:
 def test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs(s3_server, tmp_path, capsys):
     """synth-grpo train (2 ranks, ZeRO-2, output.storage on S3) killed with its whole local Ray once Ray
     Train registered a checkpoint in the bucket; every local run directory deleted; the same command
-    again resumes from the bucket: steps once each, both ranks' shards, the run's files, the doctor."""
+    again resumes from the bucket: steps once each, both ranks' shards, the run's files, the doctor.
+    A second `train` while the first runs exits 2 naming it; the rerun takes the dead one's lease over."""
     from pipeline.doctor import doctor_cli
     from pipeline.run_callbacks import read_metrics
     from pipeline.storage import RunStorage
@@ -126,6 +128,14 @@ def test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs(s3_server, tmp_p
         first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True)
         deadline = time.time() + 600
+        while time.time() < deadline and first.poll() is None and not store.exists(LEASE):
+            time.sleep(0.2)
+        # A second writer while the first holds the run (still starting): refused in seconds, naming the holder.
+        t0 = time.monotonic()
+        second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and time.monotonic() - t0 < 10, (second.stdout[-2000:], second.stderr[-2000:])
+        assert f"pid {first.pid}" in second.stderr and "output.run_name" in second.stderr, second.stderr
+        assert "[ray]" not in second.stdout and "Traceback" not in second.stderr, second.stdout + second.stderr
         while time.time() < deadline and first.poll() is None and not _registered(store):
             time.sleep(0.3)
         signal_session(first.pid, signal.SIGKILL)  # driver, local Ray and both workers at once, as a crash
@@ -160,6 +170,10 @@ def test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs(s3_server, tmp_p
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))  # up to the checkpoint from the bucket, then trained
     assert rows[:step] == before[:step] and resume_events(run_dir) == [step]
+    # The killed holder's lease in the bucket (the local one went with the folder) was taken over, and said so.
+    taken = [e for e in read_metrics(run_dir / "events.jsonl") if e["event"] == "lease_takeover"]
+    assert [(e["previous"]["pid"], e["where"]) for e in taken] == [(first.pid, f"{store.uri}/{LEASE}")], taken
+    assert "[lease] took over" in again.stdout and not store.exists(LEASE)  # released at the end
     remote = [r for r in store.read_text("metrics.jsonl").splitlines() if '"reward"' in r]
     assert len(remote) == steps
     saved_again = store.list(f"ray_train/checkpoint-{nxt:06d}")
