@@ -361,6 +361,9 @@ def test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs(s3_server, tmp_p
     assert doctor_cli(type("A", (), {"run_dir": store.uri, "json": False})()) == 0
     out = capsys.readouterr()
     assert "metric lines, steps" in out.out and store.uri in out.err
+    # The session's planted credentials signed every request and are nowhere at rest: not in any object in
+    # the bucket, not in the run directory or the CLI's output (raw, hex or base64).
+    assert not leaked_credentials([*bucket_objects(), *local_files(tmp_path)])
 
 
 # ---------------------------------------------------------------- elastic worker counts
@@ -455,13 +458,13 @@ def test_a_checkpoint_that_cannot_be_resharded_falls_back_to_a_reset(tmp_path):
 # ---------------------------------------------------------------- a node lost mid-run
 
 
-def _scenario(tmp_path: Path, scenario: str) -> dict:
+def _scenario(tmp_path: Path, scenario: str, storage: str = f"s3://{BUCKET}/nodes") -> dict:
     import tempfile
 
     # Its own Ray temp root: the cluster's address file must not send another process's ray.init() to it.
     ray_tmp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a length limit
     try:
-        proc = subprocess.run([sys.executable, "-m", "tests.multinode", scenario, str(tmp_path), f"s3://{BUCKET}/nodes"],
+        proc = subprocess.run([sys.executable, "-m", "tests.multinode", scenario, str(tmp_path), storage],
                               cwd=REPO, capture_output=True, text=True, timeout=900,
                               env={**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"})
     finally:
@@ -525,3 +528,25 @@ def test_node_lost_fixed_count_resumes_from_s3_on_a_replacement_node(s3_server, 
     assert len([e for e in events if e["event"] == "resume"]) == 1, events
     files = RunStorage(f"s3://{BUCKET}/nodes", "node-loss-fixed").list(f"ray_train/checkpoint-{STEPS:06d}")
     assert sum(f.endswith("optim_states.pt") for f in files) == 2, files
+
+
+@pytest.mark.slow
+def test_plain_folder_storage_on_two_nodes_trains_and_resumes_without_the_local_run_dir(tmp_path):
+    """output.storage a plain folder (standing in for NFS) shared by a two-node cluster: the CLI takes a run
+    name the folder has never seen (the write probe creates its folder), uploads the adapter's folder at
+    the end, and the same command with the local run directory deleted resumes from the folder."""
+    from pipeline.run_callbacks import read_metrics
+    from pipeline.storage import RunStorage
+
+    shared = tmp_path / "nfs" / "runs"
+    result = _scenario(tmp_path, "shared", str(shared))
+    print(f"two runs on the cluster: {result['seconds']:.0f} s (the first {result['first_seconds']:.0f} s)")
+    run_dir, kept = tmp_path / "shared-run", shared / "shared-run"
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps 1-2 from the folder, 3-4 trained after the resume
+    assert [e["step"] for e in read_metrics(run_dir / "events.jsonl") if e["event"] == "resume"] == [2]
+    files = RunStorage(str(shared), "shared-run").list()
+    for name in ("config.yaml", "metrics.jsonl", "summary.txt", "adapter/adapter_model.safetensors",
+                 "ray_train/checkpoint_manager_snapshot.json", "ray_train/checkpoint-000004/trainer_state.json"):
+        assert name in files, (name, files)
+    assert (kept / "metrics.jsonl").read_text() == (run_dir / "metrics.jsonl").read_text()
