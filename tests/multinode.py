@@ -133,6 +133,7 @@ def shared_folder(workdir: Path, storage: str) -> None:
     from tests.test_train_ray import small
 
     # Two 1-CPU nodes, one training worker each; the judge (no CPU) and the driver on the head.
+    t0 = time.time()
     cluster = _retry(lambda: Cluster(initialize_head=True, shutdown_at_exit=True,
                                      head_node_args={"num_cpus": 0, "include_dashboard": False}))
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
@@ -146,9 +147,9 @@ def shared_folder(workdir: Path, storage: str) -> None:
     config = workdir / "shared.yaml"
     config.write_text(yaml.safe_dump(data))
     argv = ["train", "--config", str(config), "--address", cluster.address]  # joins the cluster this process is on
-    t0 = time.time()
-    result: dict = {"first": cli(argv)}
-    result["first_seconds"] = time.time() - t0
+    result: dict = {"cluster_seconds": time.time() - t0}
+    result["first"] = cli(argv)
+    result["first_seconds"] = time.time() - t0 - result["cluster_seconds"]
     shutil.rmtree(workdir / "shared-run")  # this machine never saw the run: only the shared folder has it
     result["again"] = cli([*argv, "--set", "optimization.max_steps=4"])
     result["ok"] = result["first"] == result["again"] == 0

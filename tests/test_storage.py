@@ -540,7 +540,8 @@ def test_plain_folder_storage_on_two_nodes_trains_and_resumes_without_the_local_
 
     shared = tmp_path / "nfs" / "runs"
     result = _scenario(tmp_path, "shared", str(shared))
-    print(f"two runs on the cluster: {result['seconds']:.0f} s (the first {result['first_seconds']:.0f} s)")
+    print(f"cluster and two runs: {result['seconds']:.0f} s (cluster {result['cluster_seconds']:.0f} s, "
+          f"first run {result['first_seconds']:.0f} s)")
     run_dir, kept = tmp_path / "shared-run", shared / "shared-run"
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps 1-2 from the folder, 3-4 trained after the resume
