@@ -244,6 +244,9 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
         if own_pool:
             stop_pool(pool)
     raise_if_fatal(run_dir)
+    if (result.metrics or {}).get("storage_error"):  # rank 0 ran on another node: its cause is on that node's disk
+        raise FatalRunError(f"output.storage: rank 0 could not copy the run's files to storage at the end, with an error "
+                            f"a retry cannot fix; the cause is in {run_dir / FATAL_FILE} on rank 0's node")
     store = run_store(cfg, run_dir)
     if store is not None:  # rank 0 may have run on another node: read the run as storage holds it
         store.download_run(run_dir)

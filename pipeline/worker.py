@@ -325,6 +325,7 @@ def train_loop_per_worker(config: dict) -> None:
         if not finished:  # a rerun of a finished run saw no step: keep what the run wrote
             (run_dir / LENGTH_CHANGES).write_text(json.dumps(length_ctl.changes))
             health.write(run_dir / HEALTH)
+    storage_error = 0
     if sync is not None:
         try:
             sync.close()  # everything, the adapter included, is in storage before the run reports done
@@ -334,8 +335,10 @@ def train_loop_per_worker(config: dict) -> None:
             # Denied, no such bucket or folder, a full disk: a restart would rerun the last steps to fail the
             # same way. The driver stops with this cause (exit 2); every rank still reports, as Ray Train expects.
             (run_dir / FATAL_FILE).write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
+            storage_error = 1  # and in the report: the driver may run on another node than rank 0
     final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}
-    ray.train.report({**final, **evaluator.last, "done": 1, "step": max(trainer.state.global_step, step)})
+    ray.train.report({**final, **evaluator.last, "done": 1, "step": max(trainer.state.global_step, step),
+                      **({"storage_error": 1} if storage_error else {})})
 
 
 def export_trained_weights(checkpoint: Path, dest: Path) -> None:
