@@ -1,14 +1,16 @@
 """Run storage beyond one machine: ``output.storage`` (s3://, gs://, abfs:// or a path).
 
 Ray Train persists checkpoints there (``RunConfig(storage_path, storage_filesystem)``); this module
-adds what Ray does not: a pyarrow filesystem built the AWS SDK's way (``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, never from the config), a write check before any
-model loads, each rank's own part of a checkpoint, and the run's files (metrics, samples, adapter,
-...) copied up in a background thread so a run can be read, resumed and diagnosed with no node alive.
+adds what Ray does not: a pyarrow filesystem that carries no credentials (each process that uses it,
+the driver, a Tune trial, a Ray Train worker, finds its own through the provider's default chain:
+environment, ``~/.aws/credentials``, an instance role), a write check before any model loads, each
+rank's own part of a checkpoint, and the run's files (metrics, samples, adapter, ...) copied up in a
+background thread so a run can be read, resumed and diagnosed with no node alive.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -23,52 +25,103 @@ class StorageError(ValueError):
     """output.storage cannot be reached or written."""
 
 
+# A run's name is its folder in storage and under output.root: one path component, nothing that walks.
+RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def name_problem(name: str, field: str) -> str | None:
+    """Why ``name`` cannot name a run (or a search) folder, as one line naming ``field``; None when it can."""
+    if RUN_NAME.fullmatch(name or "") and name not in (".", ".."):
+        return None
+    return (f"{field}: {name!r} must be one folder name of letters, digits, '.', '_' and '-' (not '.' or '..'): "
+            "it names the run's folder under output.root and in output.storage")
+
+
 def is_uri(location: str | None) -> bool:
     return bool(location) and "://" in str(location) and not str(location).startswith("file://")
+
+
+def redacted(location: str) -> str:
+    """``location`` with what could be a secret cut out (credentials before ``@``, a ``?query``), for messages."""
+    location = str(location)
+    if not is_uri(location):
+        return location
+    scheme, rest = location.split("://", 1)
+    rest = rest.split("?", 1)[0].split("#", 1)[0]
+    if "@" in rest:  # the last one: a secret may hold '/' or '@' itself
+        rest = "***@" + rest.rpartition("@")[2]
+    return f"{scheme}://{rest}"
+
+
+def check_location(location: str, field: str = "output.storage") -> None:
+    """StorageError when a storage URI carries credentials (``user:secret@``) or a query string (where
+    pyarrow also takes keys and SAS tokens): they would be pickled with the filesystem, logged and
+    written with the run. The message shows the URI without them."""
+    location = str(location)
+    if not is_uri(location):
+        return
+    rest = location.split("://", 1)[1]
+    userinfo = rest.rpartition("@")[0] if "@" in rest else ""
+    if ":" in userinfo or "?" in rest:
+        raise StorageError(
+            f"{field}: {redacted(location)!r} has credentials or a query string in the URI; give the URI "
+            "without them and the credentials through the environment or the provider's credential chain "
+            "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, an instance role; see docs/cluster.md \"Credentials\")")
 
 
 def filesystem(location: str):
     """(pyarrow filesystem, path inside it) for a URI or a local path.
 
-    S3 reads the AWS SDK's environment; an ``AWS_ENDPOINT_URL`` (MinIO, Ceph, moto) may be http://.
+    No credentials are passed to pyarrow: pyarrow pickles explicit keys with the filesystem, and Ray
+    Train and Tune pickle ``storage_filesystem`` into the experiment state they write to storage. Built
+    without them, S3 takes the AWS SDK's default credential chain in whichever process unpickles it
+    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``~/.aws``, an instance or pod
+    role); the endpoint and region travel with it. An ``AWS_ENDPOINT_URL`` (MinIO, Ceph, moto) may be http://.
     """
     import pyarrow.fs as pafs
 
     location = str(location).removeprefix("file://")
     if not is_uri(location):
         return pafs.LocalFileSystem(), str(Path(location).expanduser().resolve())
+    check_location(location)
     scheme, rest = location.split("://", 1)
     if scheme == "s3":
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         kwargs = dict(
-            access_key=os.environ.get("AWS_ACCESS_KEY_ID"), secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-            session_token=os.environ.get("AWS_SESSION_TOKEN"),
             region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
             connect_timeout=5, request_timeout=30,
             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3),
         )
-        if not kwargs["access_key"]:
-            kwargs.pop("access_key"), kwargs.pop("secret_key"), kwargs.pop("session_token")
-        elif not kwargs["session_token"]:
-            kwargs.pop("session_token")
         if endpoint:
             scheme_, _, host = endpoint.partition("://")
+            if "@" in host.partition("/")[0]:
+                raise StorageError("AWS_ENDPOINT_URL: credentials in the endpoint URL would travel with the run's "
+                                   "filesystem; give the endpoint as scheme://host:port and the keys as AWS_ACCESS_KEY_ID / "
+                                   "AWS_SECRET_ACCESS_KEY")
             kwargs.update(endpoint_override=host or scheme_, scheme=scheme_ if host else "https")
         return pafs.S3FileSystem(**kwargs), rest.strip("/")
     fs, path = pafs.FileSystem.from_uri(location)
     return fs, path.rstrip("/")
 
 
+def _is_local(fs) -> bool:
+    import pyarrow.fs as pafs
+
+    return isinstance(fs, pafs.LocalFileSystem)
+
+
 class RunStorage:
     """One run's folder in storage: ``<output.storage>/<run_name>/`` (Ray Train's checkpoints under ``ray_train/``).
 
-    Built on the driver from its environment and pickled to the workers with its filesystem, as
-    Ray Train ships ``storage_filesystem``: workers need no credentials of their own.
+    Pickled to Tune trials and Ray Train workers with its filesystem, which holds no credentials (see
+    ``filesystem``): each process that reads or writes storage authenticates from its own environment.
+    A local or shared-disk location gets its folders created as files go in (an object store has none).
     """
 
     def __init__(self, location: str, run_name: str):
         self.location = str(location).rstrip("/")
         self.fs, base = filesystem(self.location)
+        self.local = _is_local(self.fs)
         self.path = f"{base}/{run_name}"
         self.uri = f"{self.location}/{run_name}"
 
@@ -112,6 +165,11 @@ class RunStorage:
         return sorted(i.path[len(self.path) + 1:] for i in infos if i.type == pafs.FileType.File)
 
     # -------------------------------------------------------------- copies
+    def _make_dir(self, path: str) -> None:
+        """A folder (and its parents) on a local or shared disk; object stores need none."""
+        if self.local:
+            self.fs.create_dir(path, recursive=True)
+
     def push(self, run_dir: Path, names=(), dirs=()) -> list[str]:
         """Upload the named files and folders of ``run_dir`` that exist; what was uploaded."""
         import pyarrow.fs as pafs
@@ -125,6 +183,8 @@ class RunStorage:
         for name in dirs:
             src = Path(run_dir) / name
             if src.is_dir():
+                for sub in [src, *(p for p in src.rglob("*") if p.is_dir())]:
+                    self._make_dir(f"{self.path}/{name}/{sub.relative_to(src).as_posix()}".removesuffix("/."))
                 pafs.copy_files(str(src), f"{self.path}/{name}", source_filesystem=pafs.LocalFileSystem(),
                                 destination_filesystem=self.fs)
                 done.append(name + "/")
@@ -133,10 +193,8 @@ class RunStorage:
     def write_bytes(self, rel: str, data: bytes) -> None:
         """One file, whole: an object put (atomic on S3, GCS, Azure); on a local or shared disk a temporary
         file renamed over the target, so a crash mid-write leaves the previous file."""
-        import pyarrow.fs as pafs
-
         dest = f"{self.path}/{rel}"
-        if not isinstance(self.fs, pafs.LocalFileSystem):
+        if not self.local:
             with self.fs.open_output_stream(dest) as f:
                 f.write(data)
             return
@@ -177,9 +235,12 @@ class RunStorage:
 
 
 def check_writable(location: str, run_name: str) -> None:
-    """Write, read back and delete a probe file in the run's storage folder; StorageError names why."""
+    """Write, read back and delete a probe file in the run's storage folder (created on a local or shared
+    disk, as the run will be); StorageError names why, never with credentials from the URI."""
+    check_location(location)
     try:
         store = RunStorage(location, run_name)
+        store._make_dir(store.path)
         probe = f".synth-grpo-probe-{uuid.uuid4().hex[:8]}"
         with store.fs.open_output_stream(f"{store.path}/{probe}") as f:
             f.write(b"ok")
@@ -190,7 +251,7 @@ def check_writable(location: str, run_name: str) -> None:
         raise
     except Exception as e:  # pyarrow raises OSError subclasses, ValueError for bad URIs, ArrowException...
         msg = " ".join(str(e).split())
-        raise StorageError(f"output.storage: {location!r} cannot be written ({type(e).__name__}: {msg[:400]}); "
+        raise StorageError(f"output.storage: {redacted(location)!r} cannot be written ({type(e).__name__}: {msg[:400]}); "
                            "check the bucket or path, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and AWS_ENDPOINT_URL") from e
 
 
@@ -254,6 +315,24 @@ def remove_unregistered_checkpoints(fs, root: str, after_step: int) -> list[str]
 
 # ------------------------------------------------------------------ the run's files, synced in the background
 
+# What an object store answers when waiting cannot help (pyarrow's "AWS Error <CODE> ..." and the XML codes).
+_PERMANENT_CODES = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH",
+                    "AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled")
+_PERMANENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EROFS,
+                     errno.ENOSPC, errno.EDQUOT}
+
+
+def retry_cannot_fix(error: BaseException) -> bool:
+    """Whether a storage error would come back on a retry (denied, no such bucket or folder, read-only, full):
+    such an error stops a run at once, where Ray Train would otherwise rerun the group from its checkpoint."""
+    cause = error.__cause__ if isinstance(error.__cause__, BaseException) else None
+    if cause is not None and retry_cannot_fix(cause):
+        return True
+    if isinstance(error, OSError) and error.errno in _PERMANENT_ERRNOS:
+        return True
+    return any(code in str(error) for code in _PERMANENT_CODES)
+
+
 
 class RunFileSync:
     """Rank 0 copies the run's files to storage in a thread: ``request()`` after a write, ``close()`` at the end.
@@ -303,12 +382,18 @@ class RunFileSync:
         self._dirs_due = True
         self.flush()
         if self.error is not None:
-            raise OSError(f"output.storage: could not copy the run's files to {self.store.uri}: {self.error}")
+            raise OSError(f"output.storage: could not copy the run's files to {self.store.uri}: {self.error}") from self.error
 
 
-def run_store(cfg, run_dir: Path) -> RunStorage | None:
-    """The run's storage folder (named like its local run directory), or None without ``output.storage``."""
-    return RunStorage(cfg.output.storage, Path(run_dir).name) if cfg.output.storage else None
+def run_store(cfg, run_dir: Path | None = None, name: str | None = None) -> RunStorage | None:
+    """The run's storage folder ``<output.storage>/<name>``, or None without ``output.storage``.
+
+    Keyed on the run's name (``name``, else ``output.run_name``; the run directory's own name only where
+    neither is set), never on a path: two run directories of one name in different places would share it.
+    """
+    if not cfg.output.storage:
+        return None
+    return RunStorage(cfg.output.storage, name or cfg.output.run_name or Path(run_dir).name)
 
 
 def sync_callback(sync: RunFileSync):
@@ -329,12 +414,14 @@ def local_copy(uri: str, cache: Path | None = None) -> Path:
     """A run in storage (``<output.storage>/<run_name>``) downloaded to a local folder, for reading."""
     location, _, name = str(uri).rstrip("/").rpartition("/")
     base = cache or Path(os.environ.get("SYNTH_GRPO_CACHE", Path.home() / ".cache" / "synth-grpo")) / "storage-runs"
+    shown = redacted(uri)
     try:
+        check_location(uri, field="STORAGE_URI")
         store = RunStorage(location, name)
         if not store.exists(CONFIG) and not store.exists(METRICS):
-            raise StorageError(f"{uri}: no run there (neither {CONFIG} nor {METRICS})")
-        return store.download_run(base / re.sub(r"[^\w.-]+", "_", str(uri).split("://", 1)[-1]))
+            raise StorageError(f"{shown}: no run there (neither {CONFIG} nor {METRICS})")
+        return store.download_run(base / re.sub(r"[^\w.-]+", "_", shown.split("://", 1)[-1]))
     except StorageError:
         raise
     except Exception as e:
-        raise StorageError(f"{uri}: cannot read the run ({type(e).__name__}: {' '.join(str(e).split())[:400]})") from e
+        raise StorageError(f"{shown}: cannot read the run ({type(e).__name__}: {' '.join(str(e).split())[:400]})") from e

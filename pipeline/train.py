@@ -68,7 +68,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     from pipeline.storage import run_store
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    store = store or run_store(cfg, run_dir)  # given: a storage folder shipped with its filesystem (a Tune trial)
+    store = store or run_store(cfg, run_dir)  # given: a trial's folder in its search's storage (a Tune trial)
     if store is not None:  # the run may live only in storage (a fresh cluster): its config and files first
         store.pull(run_dir, sorted({*DRIVER_FILES, *WORKER_FILES}))
     resumed = store.has_checkpoints() if store is not None else (run_dir / RAY_TRAIN_DIR).exists()
@@ -257,6 +257,9 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
         if own_pool:
             stop_pool(pool)
     raise_if_fatal(run_dir)
+    if (result.metrics or {}).get("storage_error"):  # rank 0 ran on another node: its cause is on that node's disk
+        raise FatalRunError(f"output.storage: rank 0 could not copy the run's files to storage at the end, with an error "
+                            f"a retry cannot fix; the cause is in {run_dir / FATAL_FILE} on rank 0's node")
     store = run_store(cfg, run_dir)
     if store is not None:  # rank 0 may have run on another node: read the run as storage holds it
         store.download_run(run_dir)
@@ -282,9 +285,16 @@ def _train_cli(cfg: RunConfig, args, leases) -> int:
     from pipeline.data import DataError, check_source
     from pipeline.run_lease import LeaseHeld
     from pipeline.reward_pool import RewardPoolError
-    from pipeline.storage import StorageError, check_writable, run_store
+    from pipeline.storage import StorageError, check_writable, name_problem, run_store
 
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+    run_dir = Path(args.run_dir).expanduser() if args.run_dir else default_run_dir(cfg)
+    # The run's name keys its folder in output.storage: one plain folder name, so the run directory is
+    # output.root/<name> (or the explicit --run-dir) and two runs in different places never share a folder.
+    name = Path(os.path.abspath(run_dir)).name if args.run_dir else (cfg.output.run_name or "run")
+    problem = name_problem(name, "--run-dir (its folder name)" if args.run_dir else "output.run_name")
+    if problem:
+        return cli_error("train", problem)
+    cfg.output.run_name = name
     if not run_dir.is_absolute() and os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
         print(f"[run] WARNING: output.root {cfg.output.root!r} is relative inside a Ray job: the run directory "
               "would be in Ray's temporary copy of the working dir; use --set output.root=/absolute/path",
@@ -300,10 +310,12 @@ def _train_cli(cfg: RunConfig, args, leases) -> int:
     try:
         check_source(cfg.data)
         if cfg.output.storage:
-            check_writable(cfg.output.storage, run_dir.name)
-        lease = leases.take(run_dir, run_store(cfg, run_dir), "train")  # one writer per run, before anything is written
-        resumed = prepare_run_dir(cfg, run_dir, allow_config_change=getattr(args, "allow_config_change", False))
-        lease.record_takeovers(run_dir, run_store(cfg, run_dir))
+            check_writable(cfg.output.storage, cfg.output.run_name)
+        store = run_store(cfg, run_dir)
+        lease = leases.take(run_dir, store, "train")  # one writer per run, before anything is written
+        resumed = prepare_run_dir(cfg, run_dir, allow_config_change=getattr(args, "allow_config_change", False),
+                                  store=store)
+        lease.record_takeovers(run_dir, store)
     except (DataError, ResumeConflict, StorageError, LeaseHeld) as e:
         return cli_error("train", e)
     except OSError as e:
@@ -334,7 +346,6 @@ def _train_cli(cfg: RunConfig, args, leases) -> int:
                                   f"{run_dir} and its checkpoints are kept; rerun the same command to resume", code=1)
     print("\n=== synth-grpo summary ===\n" + outcome.summary)
     write_atomic(run_dir / SUMMARY, outcome.summary + "\n")
-    store = run_store(cfg, run_dir)
     if store is not None:
         store.push(run_dir, [SUMMARY])
         print(f"[storage] the run is in {store.uri}")

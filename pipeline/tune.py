@@ -93,8 +93,8 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
                trials_store=None) -> None:
     """One Tune trial: its config (validated), its run directory, the project's TorchTrainer.fit().
 
-    ``trials_store``: the search's ``trials/`` folder in storage, shipped with the driver's filesystem
-    (as Ray Train ships ``storage_filesystem``), so trial processes need no credentials of their own.
+    ``trials_store``: the search's ``trials/`` folder in storage; its filesystem holds no credentials,
+    so the trial's process authenticates from its own environment (pipeline.storage.filesystem).
     """
     from ray import tune
 
@@ -197,7 +197,7 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     from pipeline.train import init_ray
 
     name, exp_dir = experiment_dir(cfg, name)
-    store = run_store(cfg, exp_dir)  # <output.storage>/<name>/, named like the local folder
+    store = run_store(cfg, exp_dir, name=name)  # <output.storage>/<name>/
     tune_dir = exp_dir / TUNE_DIR
     # Where Tune keeps its experiment state: the storage folder when there is one, else the local folder.
     tune_path, tune_fs = (f"{store.path}/{TUNE_DIR}", store.fs) if store else (str(tune_dir), None)
@@ -433,7 +433,7 @@ def _tune_cli(cfg: RunConfig, args, leases) -> int:
     from pipeline.data import DataError, check_source
     from pipeline.run_lease import LeaseHeld
     from pipeline.reward_pool import RewardPoolError
-    from pipeline.storage import StorageError, check_writable, run_store
+    from pipeline.storage import StorageError, check_writable, name_problem, run_store
     from pipeline.train import RayUnreachable, init_ray
 
     if args.samples is not None and args.samples < 1:
@@ -445,10 +445,13 @@ def _tune_cli(cfg: RunConfig, args, leases) -> int:
     except SpaceError as e:
         return cli_error("tune", f"invalid search space {args.space}", e.problems)
     name, exp_dir = experiment_dir(cfg, getattr(args, "name", None))
+    problem = name_problem(name, "--name" if getattr(args, "name", None) else "--name (by default <output.run_name>-tune)")
+    if problem:
+        return cli_error("tune", problem)
     try:  # storage that cannot be written ends here, before Ray or any model starts
         if cfg.output.storage:
             check_writable(cfg.output.storage, name)
-        store = run_store(cfg, exp_dir)
+        store = run_store(cfg, exp_dir, name=name)
         # one search per name: held before the check that no search exists, so two starts cannot both pass it
         leases.take(exp_dir, store, "tune", what="search").record_takeovers(exp_dir, store)
         where = f"{exp_dir}" + (f" or {store.uri}" if store else "")

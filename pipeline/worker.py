@@ -217,7 +217,7 @@ def train_loop_per_worker(config: dict) -> None:
     from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks
     from pyarrow.fs import LocalFileSystem
 
-    from pipeline.storage import RunFileSync, remove_unregistered_checkpoints, sync_callback
+    from pipeline.storage import RunFileSync, remove_unregistered_checkpoints, retry_cannot_fix, sync_callback
     from rewards.judge import SelfJudge
 
     rank, local_rank = ray.train.get_context().get_world_rank(), ray.train.get_context().get_local_rank()
@@ -325,10 +325,20 @@ def train_loop_per_worker(config: dict) -> None:
         if not finished:  # a rerun of a finished run saw no step: keep what the run wrote
             write_atomic(run_dir / LENGTH_CHANGES, json.dumps(length_ctl.changes))
             health.write(run_dir / HEALTH)
+    storage_error = 0
     if sync is not None:
-        sync.close()  # everything, the adapter included, is in storage before the run reports done
+        try:
+            sync.close()  # everything, the adapter included, is in storage before the run reports done
+        except OSError as e:
+            if not retry_cannot_fix(e):
+                raise  # Ray Train restarts the group from its checkpoint and uploads again
+            # Denied, no such bucket or folder, a full disk: a restart would rerun the last steps to fail the
+            # same way. The driver stops with this cause (exit 2); every rank still reports, as Ray Train expects.
+            (run_dir / FATAL_FILE).write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
+            storage_error = 1  # and in the report: the driver may run on another node than rank 0
     final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}
-    ray.train.report({**final, **evaluator.last, "done": 1, "step": max(trainer.state.global_step, step)})
+    ray.train.report({**final, **evaluator.last, "done": 1, "step": max(trainer.state.global_step, step),
+                      **({"storage_error": 1} if storage_error else {})})
 
 
 def export_trained_weights(checkpoint: Path, dest: Path) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import os
+import secrets
 import socket
+import string
 import subprocess
 import sys
 import time
@@ -20,6 +23,60 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("SYNTH_GRPO_CACHE", str(REPO / ".cache" / "synth-grpo"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+# Throwaway AWS credentials, unique to this session, planted before any Ray starts (every Ray worker and
+# CLI subprocess inherits them): moto accepts any, the AWS SDK signs every request with them, and the
+# storage tests assert that none of them reaches a bucket or a run folder. A real key in the developer's
+# environment is replaced, never used. Planted once: a test's subprocess that imports this file keeps them.
+CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+if os.environ.get("SYNTH_GRPO_TEST_CREDENTIALS") != "planted":
+    _alphabet = string.ascii_letters + string.digits
+    os.environ.update({var: "".join(secrets.choice(_alphabet) for _ in range(n))
+                       for var, n in zip(CREDENTIAL_VARS, (20, 40, 64))}, SYNTH_GRPO_TEST_CREDENTIALS="planted")
+    os.environ.pop("AWS_PROFILE", None)
+
+
+def planted_credentials() -> dict[str, str]:
+    return {var: os.environ[var] for var in CREDENTIAL_VARS}
+
+
+def secret_forms(secret: str) -> list[bytes]:
+    """The byte strings that contain ``secret`` wherever it is stored raw, hex-encoded (both cases; Tune's
+    experiment state is hex of cloudpickle) or base64-encoded at any of the 3 byte alignments (plain and URL-safe)."""
+    raw = secret.encode()
+    forms = [raw, raw.hex().encode(), raw.hex().upper().encode()]
+    for skip in range(3):  # the whole 3-byte groups of the secret, starting at each alignment
+        part = raw[skip:][: (len(raw) - skip) // 3 * 3]
+        forms += [base64.b64encode(part), base64.urlsafe_b64encode(part)]
+    return forms
+
+
+def leaked_credentials(blobs) -> list[str]:
+    """``where: VAR (form)`` for each planted credential found in ``blobs`` ((where, bytes) pairs)."""
+    forms = [(var, i, form) for var, value in planted_credentials().items() for i, form in enumerate(secret_forms(value))]
+    kinds = ["raw", "hex", "HEX"] + [f"base64@{k}{u}" for k in range(3) for u in ("", "-urlsafe")]
+    return [f"{where}: {var} ({kinds[i]})" for where, data in blobs for var, i, form in forms if form in data]
+
+
+def local_files(*roots: Path):
+    """(path, bytes) of every file below ``roots``."""
+    for root in roots:
+        for path in sorted(Path(root).rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                yield str(path), path.read_bytes()
+
+
+def bucket_objects(prefix: str = ""):
+    """(s3 URI, bytes) of every object in the test bucket (under ``prefix``), read through the AWS SDK's environment."""
+    import pyarrow.fs as pafs
+
+    from pipeline.storage import filesystem
+
+    fs, root = filesystem(f"s3://{BUCKET}/{prefix}".rstrip("/"))
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                yield f"s3://{info.path}", f.read()
 
 
 def shared_data_dir() -> Path | None:
@@ -70,8 +127,10 @@ def free_port() -> int:
 def s3_server():
     """moto's S3 server in its own process; the AWS SDK's environment points this process at it.
 
-    Yields the endpoint URL; the bucket ``synth-runs`` exists. Workers get the filesystem pickled
-    from the driver (as Ray Train ships storage_filesystem), so they need no environment of their own.
+    Yields the endpoint URL; the bucket ``synth-runs`` exists. Requests are signed with the session's planted
+    credentials (above), which no filesystem carries: each process that touches the bucket (a Ray worker, a
+    Tune trial, a CLI subprocess) finds them in its own environment, as a cluster node would. The endpoint
+    and region travel with the pickled filesystem; a process that builds its own reads AWS_ENDPOINT_URL.
     """
     pytest.importorskip("moto.server", reason="moto[server] is in the test extra")
     import pyarrow.fs as pafs
@@ -81,8 +140,7 @@ def s3_server():
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_ENDPOINT_URL": endpoint,
-           "AWS_REGION": "us-east-1"}
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -95,8 +153,8 @@ def s3_server():
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError(f"moto server did not start (see {log.name})")
                 time.sleep(0.3)
-        fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}",
-                               scheme="http", region="us-east-1", allow_bucket_creation=True)
+        fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
+                               allow_bucket_creation=True)
         fs.create_dir(BUCKET)
         yield endpoint
     finally:

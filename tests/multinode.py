@@ -8,7 +8,10 @@ then a replacement node is added and it resumes from storage. ``elastic``: ``num
 2-CPU nodes, workers asking for 1.5 CPUs and two judges for 0.01 each, which SPREAD puts one on each
 worker node (the head has no CPU), so the lost node takes a judge with it; Ray restarts it on the node
 left (a worker and both judges fit). The run goes on with one worker; then a replacement node is added and the
-group grows back to two. Writes WORKDIR/result.json; the test asserts on it.
+group grows back to two. ``shared``: ``synth-grpo train`` (the CLI's own code, on this cluster) with
+``output.storage`` a plain folder standing in for a disk all nodes mount (NFS), under a run name the
+folder has never seen; then the same command with two more steps after the local run directory is
+deleted: it resumes from the folder. Writes WORKDIR/result.json; the test asserts on it.
 """
 
 from __future__ import annotations
@@ -119,6 +122,43 @@ def main(scenario: str, workdir: Path) -> None:
     (workdir / "result.json").write_text(json.dumps(result, indent=1))
 
 
+def shared_folder(workdir: Path, storage: str) -> None:
+    import shutil
+
+    import ray
+    import yaml
+    from ray.cluster_utils import Cluster
+
+    from pipeline.cli import main as cli
+    from tests.test_train_ray import small
+
+    # Two 1-CPU nodes, one training worker each; the judge (no CPU) and the driver on the head.
+    t0 = time.time()
+    cluster = _retry(lambda: Cluster(initialize_head=True, shutdown_at_exit=True,
+                                     head_node_args={"num_cpus": 0, "include_dashboard": False}))
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
+    for _ in range(2):
+        _retry(lambda: cluster.add_node(num_cpus=1))
+    cluster.wait_for_nodes()
+    data = small(workdir, distributed={"num_workers": 2, "cpus_per_worker": 1},
+                 judge={"cpus_per_actor": 0, "num_actors": 1}, optimization={"per_device_train_batch_size": 4, "max_steps": 2},
+                 eval={"num_prompts": 0}, output={"storage": storage, "save_steps": 2})
+    data["output"]["run_name"] = "shared-run"
+    config = workdir / "shared.yaml"
+    config.write_text(yaml.safe_dump(data))
+    argv = ["train", "--config", str(config), "--address", cluster.address]  # joins the cluster this process is on
+    result: dict = {"cluster_seconds": time.time() - t0}
+    result["first"] = cli(argv)
+    result["first_seconds"] = time.time() - t0 - result["cluster_seconds"]
+    shutil.rmtree(workdir / "shared-run")  # this machine never saw the run: only the shared folder has it
+    result["again"] = cli([*argv, "--set", "optimization.max_steps=4"])
+    result["ok"] = result["first"] == result["again"] == 0
+    result["seconds"] = time.time() - t0
+    ray.shutdown()
+    cluster.shutdown()
+    (workdir / "result.json").write_text(json.dumps(result, indent=1))
+
+
 def _judge_nodes(pool) -> list[dict]:
     import ray
 
@@ -144,4 +184,7 @@ def _rows(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    if sys.argv[1] == "shared":
+        shared_folder(Path(sys.argv[2]), sys.argv[3])
+    else:
+        main(sys.argv[1], Path(sys.argv[2]))

@@ -1,7 +1,9 @@
 """Runs kept in cloud storage: a real S3 API on 127.0.0.1 (moto's server), real Ray Train workers.
 
 The bucket holds every rank's ZeRO shards of each checkpoint and the run's files; with every local
-run directory deleted, the same command resumes from the bucket; a bad storage URI exits 2 before Ray.
+run directory deleted, the same command resumes from the bucket (and from a plain folder shared by
+the nodes of a multi-node cluster); a bad storage URI exits 2 before Ray; no credential is ever
+pickled, written to the bucket or to a run folder.
 """
 
 from __future__ import annotations
@@ -19,13 +21,194 @@ import pytest
 import yaml
 
 from pipeline.run_files import LEASE
-from tests.conftest import BUCKET, REPO, free_port
+from tests.conftest import (BUCKET, REPO, bucket_objects, free_port, leaked_credentials, local_files,
+                            planted_credentials, secret_forms)
+
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
     return proc, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------- credentials: never carried, never stored
+
+
+class _SignedRequests:
+    """An HTTP server on 127.0.0.1 that answers 403 to everything and keeps each request's AWS signature:
+    the access key named in ``Authorization`` and the ``X-Amz-Security-Token`` (the session token)."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                auth = self.headers.get("Authorization", "")
+                key = auth.split("Credential=", 1)[1].split("/", 1)[0] if "Credential=" in auth else None
+                seen.append((key, self.headers.get("X-Amz-Security-Token")))
+                self.send_response(403)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_HEAD = do_PUT = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_storage_pickles_without_credentials_and_each_process_signs_with_its_own(tmp_path, monkeypatch):
+    """RunStorage and its filesystem, pickled (Ray's cloudpickle and plain pickle, as Ray Train ships
+    train_loop_config and Tune saves storage_filesystem into the experiment state), hold none of the
+    driver's credentials in any encoding; a process that unpickles them signs with its own environment's."""
+    import pickle
+
+    import cloudpickle
+
+    from pipeline.storage import RunStorage
+
+    server = _SignedRequests()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        store = RunStorage(f"s3://{BUCKET}/pickled", "run")
+        blobs = []
+        for obj in (store, store.child("trials"), store.fs):
+            blobs += [(f"pickle {type(obj).__name__}", pickle.dumps(obj)), (f"cloudpickle {type(obj).__name__}", cloudpickle.dumps(obj))]
+        assert not leaked_credentials(blobs)
+        assert secret_forms("abcd")[0] in pickle.dumps("xabcdx")  # the scan itself finds a pickled string
+        (tmp_path / "store.pkl").write_bytes(cloudpickle.dumps(store))
+        # Another process with other credentials (a cluster node with its own) reads the pickled store.
+        other = {"AWS_ACCESS_KEY_ID": "OTHERNODEKEY", "AWS_SECRET_ACCESS_KEY": "othernodesecret",
+                 "AWS_SESSION_TOKEN": "OTHERNODETOKEN", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+        code = ("import pickle, sys; s = pickle.load(open(sys.argv[1], 'rb'))\n"
+                "try: s.exists('x')\nexcept OSError: pass")
+        proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store.pkl")], cwd=REPO, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, **other})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        # The endpoint came with the pickle (not the process's AWS_ENDPOINT_URL), the credentials did not.
+        assert ("OTHERNODEKEY", "OTHERNODETOKEN") in server.seen and len(set(server.seen)) == 1, server.seen
+        with pytest.raises(OSError):
+            pickle.loads(pickle.dumps(store)).exists("x")  # this process: its own (planted) credentials
+        mine = planted_credentials()
+        assert (mine["AWS_ACCESS_KEY_ID"], mine["AWS_SESSION_TOKEN"]) in server.seen, server.seen
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("uri", ["s3://AKIDLEAKq7:wJalr/XUtnLEAKq7+K7MD@ENG@bucket/runs",
+                                 "abfs://:c2VjcmV0LEAKq7ACCOUNTKEY==@account.dfs.core.windows.net/runs",
+                                 "abfss://container:LEAKq7@account.dfs.core.windows.net/runs",
+                                 "s3://bucket/runs?access_key=AKIDLEAKq7&secret_key=LEAKq7",
+                                 "gs://bucket/runs?access_token=LEAKq7"])
+def test_credentials_in_the_storage_uri_exit_2_before_ray_without_echoing_them(uri, tmp_path, capsys):
+    from pipeline.cli import main
+    from pipeline.storage import StorageError, check_writable, filesystem
+
+    for call in (lambda: filesystem(uri), lambda: check_writable(uri, "run")):
+        with pytest.raises(StorageError) as e:
+            call()
+        assert "LEAKq7" not in str(e.value) and "ENG@" not in str(e.value) and "output.storage" in str(e.value), e.value
+    assert main(["train", "--set", f"output.storage={uri}", "--set", f"output.root={tmp_path}"]) == 2
+    captured = capsys.readouterr()
+    assert "output.storage" in captured.err and "credentials or a query string" in captured.err, captured.err
+    assert "LEAKq7" not in captured.out + captured.err and "[ray]" not in captured.out
+    assert not list(tmp_path.iterdir())  # nothing written: stopped before the run directory
+
+
+def test_a_container_in_an_abfs_uri_is_not_a_credential():
+    from pipeline.storage import check_location, redacted
+
+    check_location("abfs://container@account.dfs.core.windows.net/runs")  # the container's name, no secret
+    check_location("/mnt/shared/runs:v1@x")  # a path: nothing to parse
+    assert redacted("s3://key:secret@bucket/p?x=1") == "s3://***@bucket/p"
+
+
+def test_an_endpoint_url_with_credentials_is_refused(monkeypatch):
+    from pipeline.storage import StorageError, filesystem
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:LEAKq7@minio.internal:9000")
+    with pytest.raises(StorageError) as e:
+        filesystem(f"s3://{BUCKET}/runs")
+    assert "AWS_ENDPOINT_URL" in str(e.value) and "LEAKq7" not in str(e.value)
+
+
+# ---------------------------------------------------------------- names and plain folders
+
+
+def test_a_plain_folder_takes_a_new_run_and_its_nested_folders(tmp_path):
+    """check_writable on a run name the folder has never seen (it was refused: the probe went into a
+    folder that did not exist), then the run's files and the adapter's subfolders pushed and pulled back."""
+    from pipeline.storage import RunStorage, check_writable
+
+    shared = tmp_path / "nfs" / "runs"  # not even the storage folder exists yet
+    check_writable(str(shared), "newrun")
+    assert (shared / "newrun").is_dir() and not list((shared / "newrun").iterdir())  # the probe is gone
+    run_dir = tmp_path / "local" / "newrun"
+    (run_dir / "adapter" / "nested").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("a: 1\n")
+    (run_dir / "adapter" / "adapter_model.safetensors").write_bytes(b"weights")
+    (run_dir / "adapter" / "nested" / "x.json").write_text("{}")
+    store = RunStorage(str(shared), "trials").child("t1")  # a trial's folder under a search: two levels new
+    assert store.push(run_dir, ["config.yaml"], ["adapter"]) == ["config.yaml", "adapter/"]
+    assert store.list() == ["adapter/adapter_model.safetensors", "adapter/nested/x.json", "config.yaml"]
+    back = tmp_path / "back"
+    store.pull(back, ["config.yaml"], ["adapter"])
+    assert (back / "adapter" / "nested" / "x.json").read_text() == "{}"
+    assert (back / "config.yaml").read_text() == "a: 1\n"
+
+
+def test_run_names_and_storage_keys(tmp_path, capsys):
+    """The storage key is the run's name, never the run directory's last component; a name that is not one
+    plain folder name (or an explicit --run-dir whose folder name is not) exits 2 before Ray, naming the option."""
+    from pipeline.cli import main
+    from pipeline.config import load_config
+    from pipeline.storage import name_problem, run_store
+
+    for name in ("run", "tiny-tune", "a.b_c-1", "..x"):
+        assert name_problem(name, "output.run_name") is None, name
+    for name in (".", "..", "../x", "a/b", "", "a b", "/", "x\n"):
+        assert "output.run_name" in name_problem(name, "output.run_name"), name
+    cfg = load_config(None, [f"output.storage={tmp_path / 'store'}", "output.run_name=alpha"])
+    assert run_store(cfg, Path("/a/run")).path == run_store(cfg, Path("/b/other")).path == str(tmp_path / "store" / "alpha")
+    cfg.output.run_name = "beta"
+    assert run_store(cfg, Path("/a/run")).path != run_store(cfg.__class__(**{**cfg.__dict__}), Path("/a/run"), name="x").path
+
+    for argv, field in ((["train", "--run-dir", str(tmp_path / "a b")], "--run-dir"),
+                        (["tune", "--name", ".."], "--name"), (["tune", "--name", "a/b"], "--name")):
+        assert main([*argv, "--set", f"output.root={tmp_path / 'root'}"]) == 2, argv
+        err = capsys.readouterr().err
+        assert field in err and "Traceback" not in err, err
+    assert not (tmp_path / "root").exists() and not (tmp_path / "a b").exists()
+
+
+def test_storage_errors_a_retry_cannot_fix(tmp_path):
+    from pipeline.storage import RunFileSync, RunStorage, retry_cannot_fix
+
+    assert retry_cannot_fix(PermissionError(13, "Permission denied"))
+    assert retry_cannot_fix(OSError("AWS Error ACCESS_DENIED during PutObject operation: Access Denied"))
+    assert retry_cannot_fix(OSError("AWS Error NO_SUCH_BUCKET during PutObject operation"))
+    assert not retry_cannot_fix(OSError("AWS Error NETWORK_CONNECTION during PutObject operation: curlCode: 7"))
+    assert not retry_cannot_fix(TimeoutError("timed out"))
+    # What the worker sees at the end of a run: close() names the storage, with the cause a retry cannot fix.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    sync = RunFileSync(RunStorage(str(blocker), "run"), run_dir, interval_s=3600)
+    with pytest.raises(OSError) as e:
+        sync.close()
+    assert "output.storage" in str(e.value) and retry_cannot_fix(e.value), e.value
 
 
 # ---------------------------------------------------------------- bad input: before Ray, exit 2
@@ -193,6 +376,9 @@ def test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs(s3_server, tmp_p
     assert doctor_cli(type("A", (), {"run_dir": store.uri, "json": False})()) == 0
     out = capsys.readouterr()
     assert "metric lines, steps" in out.out and store.uri in out.err
+    # The session's planted credentials signed every request and are nowhere at rest: not in any object in
+    # the bucket, not in the run directory or the CLI's output (raw, hex or base64).
+    assert not leaked_credentials([*bucket_objects(), *local_files(tmp_path)])
 
 
 # ---------------------------------------------------------------- elastic worker counts
@@ -287,13 +473,13 @@ def test_a_checkpoint_that_cannot_be_resharded_falls_back_to_a_reset(tmp_path):
 # ---------------------------------------------------------------- a node lost mid-run
 
 
-def _scenario(tmp_path: Path, scenario: str) -> dict:
+def _scenario(tmp_path: Path, scenario: str, storage: str = f"s3://{BUCKET}/nodes") -> dict:
     import tempfile
 
     # Its own Ray temp root: the cluster's address file must not send another process's ray.init() to it.
     ray_tmp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a length limit
     try:
-        proc = subprocess.run([sys.executable, "-m", "tests.multinode", scenario, str(tmp_path), f"s3://{BUCKET}/nodes"],
+        proc = subprocess.run([sys.executable, "-m", "tests.multinode", scenario, str(tmp_path), storage],
                               cwd=REPO, capture_output=True, text=True, timeout=900,
                               env={**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"})
     finally:
@@ -357,3 +543,26 @@ def test_node_lost_fixed_count_resumes_from_s3_on_a_replacement_node(s3_server, 
     assert len([e for e in events if e["event"] == "resume"]) == 1, events
     files = RunStorage(f"s3://{BUCKET}/nodes", "node-loss-fixed").list(f"ray_train/checkpoint-{STEPS:06d}")
     assert sum(f.endswith("optim_states.pt") for f in files) == 2, files
+
+
+@pytest.mark.slow
+def test_plain_folder_storage_on_two_nodes_trains_and_resumes_without_the_local_run_dir(tmp_path):
+    """output.storage a plain folder (standing in for NFS) shared by a two-node cluster: the CLI takes a run
+    name the folder has never seen (the write probe creates its folder), uploads the adapter's folder at
+    the end, and the same command with the local run directory deleted resumes from the folder."""
+    from pipeline.run_callbacks import read_metrics
+    from pipeline.storage import RunStorage
+
+    shared = tmp_path / "nfs" / "runs"
+    result = _scenario(tmp_path, "shared", str(shared))
+    print(f"cluster and two runs: {result['seconds']:.0f} s (cluster {result['cluster_seconds']:.0f} s, "
+          f"first run {result['first_seconds']:.0f} s)")
+    run_dir, kept = tmp_path / "shared-run", shared / "shared-run"
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps 1-2 from the folder, 3-4 trained after the resume
+    assert [e["step"] for e in read_metrics(run_dir / "events.jsonl") if e["event"] == "resume"] == [2]
+    files = RunStorage(str(shared), "shared-run").list()
+    for name in ("config.yaml", "metrics.jsonl", "summary.txt", "adapter/adapter_model.safetensors",
+                 "ray_train/checkpoint_manager_snapshot.json", "ray_train/checkpoint-000004/trainer_state.json"):
+        assert name in files, (name, files)
+    assert (kept / "metrics.jsonl").read_text() == (run_dir / "metrics.jsonl").read_text()

@@ -20,6 +20,7 @@ from pipeline.search_space import SpaceError, fit_batch_to_groups, load_space, p
 from pipeline.run_files import ADAPTER_DIR, EVENTS, METRICS, RAY_TRAIN_DIR
 from pipeline.storage import RunStorage
 from pipeline.tune import BEST_CONFIG, OBJECTIVE, RESULTS_CSV, TRIALS_DIR, TUNE_DIR, max_concurrent_trials
+from tests.conftest import bucket_objects, leaked_credentials, local_files
 
 REPO = Path(__file__).resolve().parents[1]
 LR = "optimization.learning_rate"
@@ -432,6 +433,9 @@ def test_three_trial_search_results_best_config_and_training_from_it(ray_local, 
             assert f"{trial}/{RAY_TRAIN_DIR}/checkpoint-000004/trainer_state.json" in files
             assert f"{trial}/adapter/adapter_config.json" in files
             assert store.read_text(f"{trial}/metrics.jsonl") == (Path(r["run_dir"]) / "metrics.jsonl").read_text()
+    # Tune's saved state (tuner.pkl, experiment_state-*.json, search_gen_state-*.json: cloudpickle, some of it
+    # hex-encoded) holds the storage filesystem: no credential of the session's in it or anywhere else.
+    assert not leaked_credentials([*bucket_objects(), *local_files(tmp_path)])
     # Resuming from the bucket alone, the local folder deleted: test_crashed_search_resumes_keeping_finished_trials
 
 
@@ -518,7 +522,7 @@ def test_crashed_search_resumes_keeping_finished_trials(s3_server, tmp_path):
     cfg_path.write_text(yaml.safe_dump(data))
     space_path.write_text(yaml.safe_dump({**tiny_space(), "asha": {"grace_period": CRASH_STEPS}}))  # no early stops
     exp_dir = tmp_path / "crash"
-    exp = run_store(config_from_dict(data), exp_dir)  # <storage>/crash/: Tune's state in tune/, the trials in trials/
+    exp = run_store(config_from_dict(data), name="crash")  # <storage>/crash/: Tune's state in tune/, the trials in trials/
     trial = exp.child(TRIALS_DIR).child
     cmd = [sys.executable, "-m", "pipeline", "tune", "--config", str(cfg_path), "--space", str(space_path),
            "--address", "local", "--name", "crash"]
@@ -595,3 +599,5 @@ def test_crashed_search_resumes_keeping_finished_trials(s3_server, tmp_path):
         assert steps == list(range(1, CRASH_STEPS + 1)), (
             t, steps, f"at the crash the bucket held checkpoint {caught_at.get(t)} and metrics to step {logged.get(t)}")
         assert r["status"] == "done" and float(r["step"]) == CRASH_STEPS
+    # The CLI's search, crashed and resumed: no credential in the bucket or in the local folders and logs.
+    assert not leaked_credentials([*bucket_objects(), *local_files(tmp_path)])
