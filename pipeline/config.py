@@ -237,11 +237,11 @@ class GRPOSection:
 class DistributedSection:
     # A count, or [min, max]: an elastic group that trains on any count in between (Ray Train V2),
     # with gradient accumulation adapted so the samples per optimizer step stay those of max.
-    num_workers: Union[int, list[int]] = 1
+    num_workers: Union[PositiveInt, list[PositiveInt]] = 1
     use_gpu: bool = False
     gpus_per_worker: PositiveFloat = 1.0
     cpus_per_worker: NonNegativeFloat = 1.0
-    zero_stage: int = 0  # 0 = plain DDP; 1-3 = DeepSpeed ZeRO
+    zero_stage: Annotated[int, Ge(0), Le(3), "0 = plain DDP; 1-3 = DeepSpeed ZeRO"] = 0
     offload_optimizer: bool = False
     offload_params: bool = False  # ZeRO-3 only
     max_failures: Annotated[int, Ge(-1), "-1 = unlimited, as in Ray"] = 2  # Ray Train worker-group restarts
@@ -754,7 +754,7 @@ def _check_distributed(cfg: RunConfig, base_dir: Path | None) -> list[str]:
     from pipeline.elastic import problems as worker_count_problems
 
     d = cfg.distributed
-    p = _choice("distributed.zero_stage", d.zero_stage, (0, 1, 2, 3)) + worker_count_problems(cfg)
+    p = worker_count_problems(cfg)
     if d.offload_params and d.zero_stage != 3:
         p.append("distributed.offload_params: parameter offload needs zero_stage 3")
     if cfg.judge.backend == "self" and d.zero_stage == 3:
