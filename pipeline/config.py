@@ -309,7 +309,8 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+        """The config as YAML that ``read_yaml`` reads back (values written out, never as aliases)."""
+        return yaml.dump(self.to_dict(), Dumper=_NoAliasDumper, sort_keys=False, allow_unicode=True)
 
     @property
     def adaptive_length(self) -> bool:
@@ -578,6 +579,13 @@ class _NoAliasLoader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not supported; write the value out",
                                               self.peek_event().start_mark)
         return super().compose_node(parent, index)
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, writing a value met twice out again instead of as an alias."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _yaml_problem(e: Exception) -> str:

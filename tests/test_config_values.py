@@ -237,3 +237,13 @@ def test_cli_refuses_each_bad_value_before_ray_in_seconds(tmp_path):
     assert "did you mean 'cosine'?" in r.stderr
     assert "Traceback" not in r.stderr and "ray" not in r.stderr.lower() and not (tmp_path / "runs").exists()
     assert took < 10, took
+
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.yaml")))
+def test_a_resolved_config_reads_back_as_the_same_config(name, tmp_path):
+    """What train writes as RUN_DIR/config.yaml (and tune as best.yaml) passes the same checks."""
+    cfg = load_config(REPO / "configs" / f"{name}.yaml")
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml(), encoding="utf-8")
+    assert load_config(path).to_dict() == cfg.to_dict()
