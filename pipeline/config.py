@@ -14,6 +14,7 @@ import math
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Union
@@ -62,11 +63,17 @@ def run_name_problem(name: Any) -> str | None:
     return f"{_shown(name)} must be one folder name of letters, digits, '.', '_' and '-' (not '.' or '..')"
 
 
+def _one_line(problem: str, limit: int = 1000) -> str:
+    """A problem as one printable line: a newline or control character from the input is escaped, a long one cut."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(problem))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ConfigError(ValueError):
     """Raised with every problem found; the CLI prints one line per problem and exits 2."""
 
     def __init__(self, problems: list[str]):
-        self.problems = problems
+        self.problems = [_one_line(p) for p in problems]
         super().__init__("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
@@ -430,7 +437,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str, problems: list[str]) ->
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        name = f"{prefix}{key}"
+        name = prefix + (key if isinstance(key, str) and key.isprintable() and len(key) <= 80 else _shown(key))
         if key not in fields:
             hint = did_you_mean(key, fields, prefix) or f" (allowed: {', '.join(fields)})"
             problems.append(f"{name}: unknown key{hint}")
@@ -540,14 +547,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if isinstance(data.get("output", {}), dict) and get_path(data, "output.run_name") is None:
         set_path(data, "output.run_name", path.stem)  # checked like a given name: it names the run's folder
     cfg = config_from_dict(data, problems, base_dir=path.parent)
-    if cfg.data.path:
+    if cfg.data.path and on_disk(resolve_path(cfg.data.path, path.parent)):
         cfg.data.path = str(resolve_path(cfg.data.path, path.parent).resolve())
     for section in (cfg.model, cfg.judge):  # local model folders, absolute for Ray workers and jobs
         attr = "name_or_path" if section is cfg.model else "model"
         local = resolve_path(getattr(section, attr), path.parent)
-        if local.is_dir():
+        if on_disk(local, "is_dir"):
             setattr(section, attr, str(local.resolve()))
     return cfg
+
+
+MAX_PROBLEMS = 100  # lines a config error shows; a file of a thousand unknown keys needs no more
 
 
 def config_from_dict(data: dict[str, Any], problems: list[str] | None = None, base_dir: Path | None = None) -> RunConfig:
@@ -560,6 +570,8 @@ def config_from_dict(data: dict[str, Any], problems: list[str] | None = None, ba
     cfg = _build(RunConfig, data, "", problems)
     named = {p.split(":", 1)[0] for p in problems}
     problems.extend(p for p in validate(cfg, base_dir=base_dir) if p.split(":", 1)[0] not in named)
+    if len(problems) > MAX_PROBLEMS:
+        problems[MAX_PROBLEMS:] = [f"... and {len(problems) - MAX_PROBLEMS} more problems"]
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -795,7 +807,9 @@ def _check_lora(cfg: RunConfig, base_dir: Path | None) -> list[str]:
     if tm == LORA_ALL_LINEAR:
         return []
     try:
-        re.compile(tm)
+        with warnings.catch_warnings():  # "possible nested set" and the like: PEFT compiles it the same way
+            warnings.simplefilter("ignore")
+            re.compile(tm)
     except re.error as e:
         return [f"lora.target_modules: {_shown(tm)} is neither 'all-linear' nor a regular expression ({e})"]
     return [] if tm.strip() else ["lora.target_modules: empty; give module names or 'all-linear'"]
@@ -814,7 +828,7 @@ def _check_data(cfg: RunConfig, base_dir: Path | None) -> list[str]:
     p = _choice("data.source", dd.source, DATA_SOURCES)
     if dd.source in ("local", "squad") and not dd.path:
         p.append(f"data.path: required for data.source {dd.source!r}")
-    elif dd.source in ("local", "squad") and not resolve_path(dd.path, base_dir).exists():
+    elif dd.source in ("local", "squad") and not on_disk(resolve_path(dd.path, base_dir)):
         p.append(f"data.path: {dd.path!r} does not exist")
     return p
 
@@ -847,10 +861,10 @@ def model_reference_problem(name: str, base_dir: Path | None = None) -> str | No
     """Why ``name`` is neither a model folder (with config.json) nor a well-formed hub id; None if fine."""
     looks_local = name.startswith(("/", "./", "../", "~", ".")) or "\\" in name or name.count("/") > 1
     path = resolve_path(name, base_dir)
-    if path.exists() or looks_local:
-        if not path.is_dir():
-            return "does not exist" if not path.exists() else "is a file, expected a model folder"
-        if not (path / "config.json").is_file():
+    if on_disk(path) or looks_local:
+        if not on_disk(path, "is_dir"):
+            return "does not exist" if not on_disk(path) else "is a file, expected a model folder"
+        if not on_disk(path / "config.json", "is_file"):
             return f"has no config.json (expected a model saved with save_pretrained in {path})"
         return None
     if not _HUB_ID.match(name) or "--" in name or ".." in name or name.endswith((".", "-")):
@@ -858,10 +872,20 @@ def model_reference_problem(name: str, base_dir: Path | None = None) -> str | No
     return None
 
 
+def on_disk(path: Path, test: str = "exists") -> bool:
+    """``path.exists()`` (or ``is_dir``, ``is_file``), False for a name no file can have (too long, a NUL byte)."""
+    try:
+        return getattr(path, test)()
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_path(path: str, base_dir: Path | None = None) -> Path:
     """Relative data paths are tried against the working directory, then the config's folder."""
-    pth = Path(path).expanduser()
-    if pth.is_absolute() or pth.exists() or base_dir is None:
+    pth = Path(path)
+    with contextlib.suppress(RuntimeError):  # "~user" of no such user stays as written
+        pth = pth.expanduser()
+    if pth.is_absolute() or on_disk(pth) or base_dir is None:
         return pth
     alt = base_dir / pth
-    return alt if alt.exists() else pth
+    return alt if on_disk(alt) else pth

@@ -247,3 +247,21 @@ def test_a_resolved_config_reads_back_as_the_same_config(name, tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(cfg.to_yaml(), encoding="utf-8")
     assert load_config(path).to_dict() == cfg.to_dict()
+
+
+def test_a_file_of_many_problems_shows_a_bounded_number_of_lines(tmp_path):
+    path = tmp_path / "many.yaml"
+    path.write_text("optimization:\n" + "".join(f"  {'k' * 200}{i}: 1\n" for i in range(1000)), encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert len(e.value.problems) == 101 and e.value.problems[-1] == "... and 900 more problems"
+    assert max(map(len, e.value.problems)) < 400
+
+
+@pytest.mark.parametrize("override", ['eval.score_weights={"a\\nb": 1}', 'lora.target_modules=[q_proj, "x\\ny"]',
+                                      "data.source=local", 'model.a\nb=1', "output.run_name=a\x00b"])
+def test_every_problem_is_one_printable_line(override):
+    sets = [override, "data.path=/no/such\x00file"] if override == "data.source=local" else [override]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, sets)
+    assert all(p.isprintable() for p in e.value.problems), e.value.problems
