@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-import yaml
-
 from pipeline.config import (REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict, did_you_mean, get_path,
-                             set_path, yaml_number)
+                             read_yaml, set_path, yaml_number)
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint")
 SIMPLEX = "simplex"
@@ -367,7 +365,7 @@ def load_space(path: str | Path) -> SearchSpace:
     if not path.is_file():
         raise SpaceError([f"--space: file {str(path)!r} does not exist"])
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise SpaceError([f"{path}: not valid YAML: {e}"]) from None
+        data = read_yaml(path)
+    except ConfigError as e:
+        raise SpaceError(e.problems) from None
     return parse_space(data, str(path))
