@@ -23,6 +23,8 @@ import yaml
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, TypeAdapter, ValidationError
 
+from pipeline.run_files import run_name_problem
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"
 TINY_POLICY = "tiny"  # model name that means "the policy the project builds itself"
@@ -50,17 +52,8 @@ MODULE_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a lora.target_modules entry: a m
 
 # One folder name: what output.run_name, `tune --name` and the last part of --run-dir must match (fullmatch),
 # and neither "." nor "..", so a run directory stays inside its root and its storage key is the name itself.
-RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
-
 # The note on a reward term's range: a penalty is a positive number, subtracted.
 SIGNED = "it is applied with its sign"
-
-
-def run_name_problem(name: Any) -> str | None:
-    """Why ``name`` cannot name a run (or a search) folder, else None; the caller prefixes the field."""
-    if isinstance(name, str) and RUN_NAME_PATTERN.fullmatch(name) and name not in (".", ".."):
-        return None
-    return f"{_shown(name)} must be one folder name of letters, digits, '.', '_' and '-' (not '.' or '..')"
 
 
 def _one_line(problem: str, limit: int = 1000) -> str:
@@ -580,6 +573,7 @@ def config_from_dict(data: dict[str, Any], problems: list[str] | None = None, ba
 # ---------------------------------------------------------------- reading YAML
 
 CONFIG_MAX_BYTES = 1 << 20  # a run config or a search space is a few KB; a larger file is not one
+CONFIG_MAX_DEPTH = 100  # [ and { nesting: PyYAML's scanner is quadratic in it (3,000 "[" take seconds)
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -606,6 +600,20 @@ def _yaml_problem(e: Exception) -> str:
     return f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else what
 
 
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of [ and { in text (brackets inside strings count too: an upper bound)."""
+    if text.count("[") + text.count("{") <= CONFIG_MAX_DEPTH:
+        return 0
+    depth = deepest = 0
+    for c in text:
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
 def read_yaml(path: str | Path, max_bytes: int = CONFIG_MAX_BYTES) -> Any:
     """The YAML document in ``path`` (safe types, no aliases, at most ``max_bytes``); anything else is a
     ConfigError with one line naming the file and what is wrong (never a traceback)."""
@@ -621,6 +629,9 @@ def read_yaml(path: str | Path, max_bytes: int = CONFIG_MAX_BYTES) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError([f"{path}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})"]) from None
+    depth = _flow_depth(text)
+    if depth > CONFIG_MAX_DEPTH:
+        raise ConfigError([f"{path}: not valid YAML: brackets nested {depth} deep (at most {CONFIG_MAX_DEPTH})"])
     try:
         return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (safe: a SafeLoader)
     except yaml.YAMLError as e:

@@ -8,10 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
+
+RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")  # a run's or a search's name: one folder name
+
+
+def run_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a run (or a search) folder, else None; the caller prefixes the field.
+    The name is the run's folder under ``output.root`` and its key in ``output.storage``."""
+    if isinstance(name, str) and RUN_NAME_PATTERN.fullmatch(name) and name not in (".", ".."):
+        return None
+    shown = repr(name)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"{shown} must be one folder name of letters, digits, '.', '_' and '-' (not '.' or '..')"
+
 
 CONFIG = "config.yaml"  # the resolved config (the driver); an earlier one is kept as config.<time>.yaml
 EVENTS = "events.jsonl"  # resumes, config changes, resizes, cap changes, findings, checkpoints (append_event)

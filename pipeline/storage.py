@@ -18,7 +18,8 @@ import threading
 import uuid
 from pathlib import Path
 
-from pipeline.run_files import CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES
+from pipeline.run_files import (CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES,
+                                run_name_problem)
 
 
 class StorageError(ValueError):
@@ -26,15 +27,11 @@ class StorageError(ValueError):
 
 
 # A run's name is its folder in storage and under output.root: one path component, nothing that walks.
-RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
-
-
 def name_problem(name: str, field: str) -> str | None:
-    """Why ``name`` cannot name a run (or a search) folder, as one line naming ``field``; None when it can."""
-    if RUN_NAME.fullmatch(name or "") and name not in (".", ".."):
-        return None
-    return (f"{field}: {name!r} must be one folder name of letters, digits, '.', '_' and '-' (not '.' or '..'): "
-            "it names the run's folder under output.root and in output.storage")
+    """Why ``name`` cannot name a run (or a search) folder, as one line naming ``field``; None when it can
+    (``run_files.run_name_problem``, the config's rule for ``output.run_name``)."""
+    why = run_name_problem(name)
+    return f"{field}: {why}: it names the run's folder under output.root and in output.storage" if why else None
 
 
 def is_uri(location: str | None) -> bool:

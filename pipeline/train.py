@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.cli_errors import cli_error
-from pipeline.config import RunConfig
+from pipeline.config import ConfigError, RunConfig
 from pipeline.metric_names import CAP_METRIC, is_train_row
 from pipeline.run_files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
                                 WORKER_FILES, append_event, read_metrics, write_atomic)
@@ -64,7 +64,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     A run with checkpoints resumes only under the same training-relevant config (``resume_changes``),
     unless ``allow_config_change``: a changed setting must not be silently ignored by a resume.
     """
-    from pipeline.config import resume_changes
+    from pipeline.config import read_yaml, resume_changes
     from pipeline.storage import run_store
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -74,11 +74,9 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     resumed = store.has_checkpoints() if store is not None else (run_dir / RAY_TRAIN_DIR).exists()
     path = run_dir / CONFIG
     text = cfg.to_yaml()
-    if path.exists() and path.read_text(encoding="utf-8") != text:
-        if resumed:
-            import yaml
-
-            changes = resume_changes(yaml.safe_load(path.read_text(encoding="utf-8")) or {}, cfg)
+    if path.exists() and path.read_bytes() != text.encode("utf-8"):
+        if resumed:  # the saved config as the loader reads one: a damaged file is one line, not a traceback
+            changes = resume_changes(read_yaml(path) or {}, cfg)
             if changes and not allow_config_change:
                 raise ResumeConflict(run_dir, changes)
             if changes:
@@ -318,6 +316,8 @@ def _train_cli(cfg: RunConfig, args, leases) -> int:
         lease.record_takeovers(run_dir, store)
     except (DataError, ResumeConflict, StorageError, LeaseHeld) as e:
         return cli_error("train", e)
+    except ConfigError as e:  # the run's saved config.yaml cannot be read
+        return cli_error("train", "invalid config", e.problems)
     except OSError as e:
         field = "--run-dir" if args.run_dir else "output.root"
         return cli_error("train", f"{field}: cannot write the run directory {run_dir}: "

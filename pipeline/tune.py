@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import yaml
 
 from pipeline.cli_errors import cli_error
-from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path
+from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path, read_yaml
 from pipeline.run_files import ADAPTER_DIR, CONFIG, METRICS, read_metrics, write_atomic
 from pipeline.search_space import SearchSpace, SpaceError, load_space, parse_space
 
@@ -207,8 +207,8 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
         if not tune.Tuner.can_restore(tune_path, storage_filesystem=tune_fs):
             where = store.uri + "/" + TUNE_DIR if store else tune_dir
             raise ConfigError([f"--resume: no search to resume at {where} (check --config's output.root, output.storage and --name)"])
-        base = config_from_dict(yaml.safe_load((exp_dir / BASE_CONFIG).read_text(encoding="utf-8")))
-        space = parse_space(yaml.safe_load((exp_dir / SPACE_COPY).read_text(encoding="utf-8")), str(exp_dir / SPACE_COPY))
+        base = config_from_dict(read_yaml(exp_dir / BASE_CONFIG))
+        space = parse_space(read_yaml(exp_dir / SPACE_COPY), str(exp_dir / SPACE_COPY))
         if log:
             log(f"[tune] resuming {exp_dir} with its saved {BASE_CONFIG} and {SPACE_COPY}")
     else:
@@ -403,7 +403,7 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
     best = next((r for r in rows if r[OBJECTIVE] is not None and r["status"] != "error"), None)
     if best is None:
         return None
-    params = yaml.safe_load((Path(best["run_dir"]) / CONFIG).read_text(encoding="utf-8"))
+    params = read_yaml(Path(best["run_dir"]) / CONFIG)
     cfg = config_from_dict(params)
     cfg.output.root, cfg.output.run_name = base.output.root, f"{name}-best"
     header = (f"# best trial {best['trial_id']} of search {name}: {OBJECTIVE} {best[OBJECTIVE]:.4f} at step "

@@ -265,3 +265,17 @@ def test_every_problem_is_one_printable_line(override):
     with pytest.raises(ConfigError) as e:
         load_config(None, sets)
     assert all(p.isprintable() for p in e.value.problems), e.value.problems
+
+
+def test_a_damaged_config_of_a_run_being_resumed_is_one_line_naming_it(tmp_path, capsys):
+    """A rerun compares the run's saved config.yaml with the new one: read as a config is read, so a
+    damaged file stops the rerun with one line (exit 2, before Ray), and the run directory is kept."""
+    from pipeline.cli import main
+
+    run = tmp_path / "damaged"
+    (run / "ray_train").mkdir(parents=True)  # the run has checkpoints: a rerun resumes it
+    (run / "config.yaml").write_bytes(b"optimization: {learning_rate: \xff}\n")
+    assert main(["train", "--set", f"output.root={tmp_path}", "--set", "output.run_name=damaged"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'config.yaml'}: not UTF-8 text" in err and "Traceback" not in err, err
+    assert (run / "config.yaml").read_bytes().endswith(b"\xff}\n") and (run / "ray_train").is_dir()

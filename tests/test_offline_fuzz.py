@@ -19,6 +19,7 @@ import random
 import string
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -333,7 +334,7 @@ def test_measured_cases_via_subprocess(tmp_path):
     assert f"{run / 'metrics.jsonl'}: skipped 1 broken lines (lines 14)" in err
     assert "skipped 1 rows whose step is not a whole number" in err and "(lines 13)" in err
     assert f"{run / 'eval_samples.jsonl'}: skipped 2 rows that are no answer: 2 with no valid score (lines 1, 2)" in err
-    assert f"{run / 'config.yaml'}: not UTF-8 (byte 36)" in err
+    assert f"{run / 'config.yaml'}: not UTF-8 text (byte 36" in err
 
     other = tmp_path / "other"
     other.mkdir()
@@ -357,16 +358,24 @@ def test_measured_cases_via_subprocess(tmp_path):
     assert rc == 2 and "hidden_size is 1000000" in text and "expected a whole number from 1 to 131072" in text
 
 
-def test_config_alias_bomb_and_recursion_are_refused(tmp_path):
+def test_config_alias_bomb_recursion_and_deep_brackets_are_refused_at_once(tmp_path):
+    """A run folder's config.yaml is read like a config (pipeline.config.read_yaml): no alias (the run's
+    own writer never writes one; a 600-byte bomb expands to billions of nodes), no self-reference,
+    brackets at most 100 deep; each refused with one line naming the file, in well under a second."""
     from pipeline.diagnosis.run_reader import read_config
 
-    (tmp_path / "a.yaml").write_text(ALIAS_BOMB)
-    cfg, why = read_config(tmp_path / "a.yaml")
-    assert cfg is None and "expands to more than 100000 YAML nodes" in why
-    (tmp_path / "b.yaml").write_text("x: &x [1, 2]\ny: *x\nz: {<<: {a: 1}, b: *x}\n")  # harmless aliases are fine
-    assert read_config(tmp_path / "b.yaml") == ({"x": [1, 2], "y": [1, 2], "z": {"a": 1, "b": [1, 2]}}, None)
-    (tmp_path / "c.yaml").write_text("generation: &g\n  self: *g\n")
-    assert "refers to itself" in read_config(tmp_path / "c.yaml")[1]
+    cases = {"a.yaml": ALIAS_BOMB, "b.yaml": "x: &x [1, 2]\ny: *x\n", "c.yaml": "generation: &g\n  self: *g\n",
+             "d.yaml": "a: " + "[" * 3000 + "]" * 3000 + "\n"}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        t0 = time.monotonic()
+        cfg, why = read_config(tmp_path / name)
+        assert cfg is None and why.startswith(f"{tmp_path / name}: not valid YAML"), (name, why)
+        assert time.monotonic() - t0 < 1, name
+    assert "aliases (*name) are not supported" in read_config(tmp_path / "b.yaml")[1]
+    assert "brackets nested 3000 deep" in read_config(tmp_path / "d.yaml")[1]
+    (tmp_path / "e.yaml").write_text("x: [1, [2, {a: 3}]]\n")
+    assert read_config(tmp_path / "e.yaml") == ({"x": [1, [2, {"a": 3}]]}, None)
 
 
 def test_reports_and_plots_replace_a_planted_symlink(tmp_path):

@@ -12,13 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.config import ConfigError, read_yaml
 from pipeline.metric_names import number
 from pipeline.run_files import CONFIG, METRICS, iter_jsonl, line_list
 
 MAX_STEP = 2**53  # a logged step is a count of optimizer steps: anything larger is no step
-CONFIG_MAX_BYTES = 1 << 20  # a resolved config is a few KB
-CONFIG_MAX_NODES = 100_000  # YAML nodes after alias expansion: an alias bomb expands to billions
-CONFIG_MAX_DEPTH = 100  # [ and { nesting
 
 
 class RunDirError(ValueError):
@@ -88,88 +86,17 @@ def _valid_steps(numbered: list[tuple[int, dict[str, Any]]]) -> tuple[list[dict[
 
 def read_config(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """A run folder's config.yaml as a dict, or None and why not (None, None when there is none).
-    Bounded: at most CONFIG_MAX_BYTES, UTF-8, and CONFIG_MAX_NODES YAML nodes with aliases expanded
-    (a 600-byte alias bomb is billions), so what is made of it (tables, advice) stays small."""
+    Read as the config loader reads configs (``read_yaml``: bounded size and nesting, UTF-8, no aliases,
+    which the run's own writer never uses), so what is made of it (tables, advice) stays small."""
     if not path.is_file():
         return None, None
-    import yaml
-
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(CONFIG_MAX_BYTES + 1)
-    except OSError as e:
-        return None, f"{path}: cannot be read ({e.strerror or e})"
-    if len(data) > CONFIG_MAX_BYTES:
-        return None, f"{path}: larger than {CONFIG_MAX_BYTES >> 20} MiB, not a run config"
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return None, f"{path}: not UTF-8 (byte {e.start})"
-    depth = _flow_depth(text)
-    if depth > CONFIG_MAX_DEPTH:  # PyYAML's scanner is quadratic in it: 3,000 "[" take seconds
-        return None, f"{path}: brackets nested {depth} deep (at most {CONFIG_MAX_DEPTH}); not a run config"
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None:
-            size = _expanded_size(node)
-            if size is None:
-                return None, f"{path}: an alias refers to itself (a recursive YAML structure)"
-            if size > CONFIG_MAX_NODES:
-                return None, f"{path}: expands to more than {CONFIG_MAX_NODES} YAML nodes (aliases); not a run config"
-        cfg = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as e:
-        return None, f"{path}: not valid YAML ({_first_line(e)})"
-    except RecursionError:
-        return None, f"{path}: nested too deep"
-    except ValueError as e:  # PyYAML's int() of a number of over 4300 digits
-        return None, f"{path}: {_first_line(e)}"
-    finally:
-        loader.dispose()
+        cfg = read_yaml(path)
+    except ConfigError as e:
+        return None, e.problems[0]
     if not isinstance(cfg, dict):
         return None, f"{path}: not a mapping of config groups"
     return cfg, None
-
-
-def _flow_depth(text: str) -> int:
-    """The deepest nesting of [ and { in text (brackets inside strings count too: an upper bound)."""
-    if text.count("[") + text.count("{") <= CONFIG_MAX_DEPTH:
-        return 0 if not any(c in text for c in "[{") else min(text.count("[") + text.count("{"), CONFIG_MAX_DEPTH)
-    depth = deepest = 0
-    for c in text:
-        if c in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in "]}":
-            depth = max(depth - 1, 0)
-    return deepest
-
-
-def _expanded_size(root) -> int | None:
-    """Nodes of a composed YAML graph with every alias expanded (shared nodes counted each time they
-    are used), without expanding it; None when an alias refers to a node that contains it."""
-    import yaml
-
-    sizes: dict[int, int] = {}
-    on_path: set[int] = set()
-    stack = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        kids = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
-                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
-        if done:
-            on_path.discard(key)
-            sizes[key] = min(1 + sum(sizes[id(k)] for k in kids), CONFIG_MAX_NODES + 1)
-            continue
-        if key in sizes:
-            continue
-        if key in on_path:
-            return None
-        on_path.add(key)
-        stack.append((node, True))
-        stack += [(k, False) for k in kids if id(k) not in sizes]
-    return sizes[id(root)]
 
 
 def _first_line(e: Exception) -> str:
