@@ -24,6 +24,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, TypeAdapter, ValidationError
 
 from pipeline.run_files import run_name_problem
+from pipeline.storage import StorageError, check_location, redacted
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"
@@ -851,8 +852,13 @@ def _check_outputs(cfg: RunConfig, base_dir: Path | None) -> list[str]:
     if name is not None and run_name_problem(name):
         p.append(f"output.run_name: {run_name_problem(name)}")
     if st is not None and (not st.strip() or ("://" in st and st.split("://", 1)[0] not in STORAGE_SCHEMES)):
-        p.append(f"output.storage: {st!r} must be a path or a URI with one of the schemes "
+        p.append(f"output.storage: {redacted(st)!r} must be a path or a URI with one of the schemes "
                  f"{', '.join(s + '://' for s in STORAGE_SCHEMES)}")
+    elif st is not None:
+        try:  # credentials or a query string in the URI: refused with the others, never echoed
+            check_location(st)
+        except StorageError as e:
+            p.append(str(e))
     return p
 
 
