@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -402,11 +403,14 @@ class Leases:
     """The CLI's leases, released on every way out of a command (``with Leases() as leases: ...``).
 
     A lease found taken over by another writer interrupts the main thread (``lost``): the command
-    then stops with exit 1 instead of writing beside the new holder.
+    then stops with exit 1 instead of writing beside the new holder. SIGTERM (``ray job stop``, a
+    scheduler's stop) ends the command as an exit does, so the leases are released at once and the
+    next submission needs no takeover.
     """
 
     def __init__(self):
         self.leases: list[RunLease] = []
+        self._sigterm = None
 
     def take(self, folder: Path, store=None, command: str = "train", what: str = "run") -> RunLease:
         import _thread
@@ -420,8 +424,16 @@ class Leases:
         return next((lease.lost for lease in self.leases if lease.lost), None)
 
     def __enter__(self) -> "Leases":
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         return self
 
     def __exit__(self, *exc) -> None:
         for lease in reversed(self.leases):
             lease.release()
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)

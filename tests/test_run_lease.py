@@ -233,3 +233,22 @@ def test_a_whole_file_write_killed_midway_leaves_the_old_file(tmp_path, kind):
                           timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert path.read_text() == "old: 1\n"
+
+
+def test_sigterm_releases_the_lease(tmp_path):
+    """`ray job stop` sends the driver SIGTERM: the command ends as on an exit, its lease removed, so
+    the next submission needs no takeover (and none from another host waits out the stale bound)."""
+    code = f"""
+import time
+from pathlib import Path
+from pipeline.run_lease import Leases
+with Leases() as leases:
+    leases.take(Path({str(tmp_path)!r}), None, "train")
+    print("held", flush=True)
+    time.sleep(60)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held" and (tmp_path / LEASE).exists()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not (tmp_path / LEASE).exists()
