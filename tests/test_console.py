@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import yaml
 
 from pipeline.config import ConfigError, load_config
 from pipeline.run_callbacks import read_metrics
+from pipeline.run_files import LEASE
 from pipeline.console import ConsoleRenderer, JsonlTail, TrialBoard, poll_run, table_every
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +139,10 @@ def test_console_field_validated():
 # ---------------------------------------------------------------- a real captured run
 
 
-def run_cli(tmp_path: Path, policy: Path, name: str, console: str, report_to: list[str]) -> subprocess.CompletedProcess:
+def run_cli(tmp_path: Path, policy: Path, name: str, console: str, report_to: list[str],
+            second_writer: dict | None = None) -> subprocess.CompletedProcess:
+    """`synth-grpo train` of a 10-step run; with ``second_writer`` (a dict, filled in) the same command is
+    started again while the first runs."""
     data = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
     data["model"]["name_or_path"] = str(policy)
     data["generation"].update(max_completion_length=8, length_schedule=[[4, 12]])
@@ -149,8 +154,22 @@ def run_cli(tmp_path: Path, policy: Path, name: str, console: str, report_to: li
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     env = {**os.environ, "RAY_ADDRESS": ""}
-    return subprocess.run([sys.executable, "-m", "pipeline", "train", "--config", str(path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=900)
+    cmd = [sys.executable, "-m", "pipeline", "train", "--config", str(path)]
+    if second_writer is None:
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    # A second `train` of the same run while this one writes it: refused within seconds, naming the holder.
+    with (tmp_path / f"{name}.out").open("w+") as out, (tmp_path / f"{name}.err").open("w+") as err:
+        first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err, text=True)
+        lease, deadline = tmp_path / name / LEASE, time.monotonic() + 300
+        while first.poll() is None and not lease.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        second_writer.update(returncode=second.returncode, seconds=time.monotonic() - t0, stderr=second.stderr,
+                             holder=first.pid, first_alive=first.poll() is None)
+        first.wait(timeout=900)
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess(cmd, first.returncode, out.read(), err.read())
 
 
 @pytest.mark.slow
@@ -160,9 +179,16 @@ def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy)
     from tests.test_train_ray import never_stopping_policy
 
     policy = never_stopping_policy(tiny_policy, tmp_path / "never-stops")
-    res = run_cli(tmp_path, policy, "watch", "progress", ["tensorboard"])
+    second: dict = {}
+    res = run_cli(tmp_path, policy, "watch", "progress", ["tensorboard"], second_writer=second)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
+    # One writer per run: the second start, while the first was alive, exited 2 in seconds naming it, and
+    # the first went on to log every step once.
+    assert second["first_alive"] and second["returncode"] == 2 and second["seconds"] < 10, second
+    assert f"pid {second['holder']}" in second["stderr"] and "Traceback" not in second["stderr"], second["stderr"]
+    train_steps = [r["step"] for r in read_metrics(tmp_path / "watch" / "metrics.jsonl") if "reward" in r]
+    assert train_steps == list(range(1, 11)), train_steps
     lines = out.splitlines()
     assert "\r" not in out  # not a terminal: plain lines only
     assert "Reporting training result" not in out  # Ray Train's per-report lines
