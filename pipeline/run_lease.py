@@ -41,6 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.cli_errors import cli_error
 from pipeline.run_files import EVENTS, LEASE, append_event
 
 HEARTBEAT_ENV, STALE_ENV, SETTLE_ENV = "SYNTH_GRPO_LEASE_HEARTBEAT_S", "SYNTH_GRPO_LEASE_STALE_S", "SYNTH_GRPO_LEASE_SETTLE_S"
@@ -437,3 +438,15 @@ class Leases:
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
+
+
+def run_holding_leases(command: str, body: Callable[[Leases], int]) -> int:
+    """A CLI command's ``body(leases)``, its leases released on every way out; exit 1 when another writer
+    took one over (the heartbeat interrupted the main thread): stop, never write beside it."""
+    with Leases() as leases:
+        try:
+            return body(leases)
+        except KeyboardInterrupt:
+            if leases.lost:
+                return cli_error(command, f"stopped: {leases.lost}", code=1)
+            raise

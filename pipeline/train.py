@@ -268,15 +268,9 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
 def train_cli(cfg: RunConfig, args) -> int:
     """`synth-grpo train`: the run's lease (run_lease.py) is held from before the run directory is
     written until the command returns, whatever way it returns."""
-    from pipeline.run_lease import Leases
+    from pipeline.run_lease import run_holding_leases
 
-    with Leases() as leases:
-        try:
-            return _train_cli(cfg, args, leases)
-        except KeyboardInterrupt:
-            if leases.lost:  # another writer took the run over: stop, never write beside it
-                return cli_error("train", f"stopped: {leases.lost}", code=1)
-            raise
+    return run_holding_leases("train", lambda leases: _train_cli(cfg, args, leases))
 
 
 def _train_cli(cfg: RunConfig, args, leases) -> int:

@@ -418,15 +418,9 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
 def tune_cli(cfg: RunConfig, args) -> int:
     """`synth-grpo tune`: the search's lease (run_lease.py, on ``<output.root>/<name>/`` and its storage
     folder) is held from before anything of the search is written until the command returns."""
-    from pipeline.run_lease import Leases
+    from pipeline.run_lease import run_holding_leases
 
-    with Leases() as leases:
-        try:
-            return _tune_cli(cfg, args, leases)
-        except KeyboardInterrupt:
-            if leases.lost:  # another writer took the search over: stop, never write beside it
-                return cli_error("tune", f"stopped: {leases.lost}", code=1)
-            raise
+    return run_holding_leases("tune", lambda leases: _tune_cli(cfg, args, leases))
 
 
 def _tune_cli(cfg: RunConfig, args, leases) -> int:
