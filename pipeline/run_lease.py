@@ -289,9 +289,7 @@ class StorageSlot:
 
 def slot_for_store(store):
     """A storage folder's lease: a plain folder (a shared disk) gets the atomic local file."""
-    import pyarrow.fs as pafs
-
-    return LocalSlot(Path(store.path)) if isinstance(store.fs, pafs.LocalFileSystem) else StorageSlot(store)
+    return LocalSlot(Path(store.path)) if store.local else StorageSlot(store)
 
 
 # ---------------------------------------------------------------- the lease
