@@ -334,7 +334,7 @@ def train_loop_per_worker(config: dict) -> None:
                 raise  # Ray Train restarts the group from its checkpoint and uploads again
             # Denied, no such bucket or folder, a full disk: a restart would rerun the last steps to fail the
             # same way. The driver stops with this cause (exit 2); every rank still reports, as Ray Train expects.
-            (run_dir / FATAL_FILE).write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
+            write_atomic(run_dir / FATAL_FILE, f"{type(e).__name__}: {e}\n")
             storage_error = 1  # and in the report: the driver may run on another node than rank 0
     final = {k: v for k, v in (metrics.history[-1] if metrics.history else {}).items() if isinstance(v, (int, float))}
     ray.train.report({**final, **evaluator.last, "done": 1, "step": max(trainer.state.global_step, step),
