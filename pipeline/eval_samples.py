@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipeline.metric_names import number
+from pipeline.metric_names import MAX_STEP, number
 from pipeline.run_files import EVAL_SAMPLES, iter_jsonl, line_list
 
 SHOWN = 2  # best and worst answers shown per evaluation
@@ -62,7 +62,7 @@ def answer_problem(row: Mapping[str, Any]) -> str | None:
     """Why a row of eval_samples.jsonl is no answer the report can show, else None: it needs a whole
     ``step`` of at least 0, a finite ``score`` and, if any, ``scores`` as a mapping."""
     step = row.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= 2**53:
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
         return "step"
     if number(row.get("score")) is None:
         return "score"

@@ -19,6 +19,9 @@ TRAIN_KEYS = (
 )
 
 
+MAX_STEP = 2**53  # a logged step counts optimizer steps: a larger one (or one past float precision) is no step
+
+
 def number(v: Any) -> float | None:
     """A finite logged number as a float, else None (bools, strings, NaN, inf, ints beyond a float)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):

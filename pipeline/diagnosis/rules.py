@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping
 from pipeline.config import get_path, scheduled_length, yaml_number
 from pipeline.diagnosis.history import History
 from pipeline.inert import one_step_per_rollout, rollout_text
-from pipeline.metric_names import CAP_METRIC, number
+from pipeline.metric_names import CAP_METRIC, MAX_STEP, number
 
 # ---------------------------------------------------------------- settings and findings
 
@@ -134,7 +134,7 @@ def _lower_lr(cfg: Mapping[str, Any] | None) -> float:
 def _planned_rows(cfg: Mapping[str, Any] | None, s: RuleSettings | None = None) -> int | None:
     """Logged steps the run will have: optimization.max_steps / logging.logging_steps, else the settings' planned_rows."""
     steps, every = get_path(cfg, "optimization.max_steps"), get_path(cfg, "logging.logging_steps", 1)
-    ok = isinstance(steps, int) and isinstance(every, int) and 0 < every and 0 <= steps <= 2**53
+    ok = isinstance(steps, int) and isinstance(every, int) and 0 < every and 0 <= steps <= MAX_STEP
     return steps // every if ok else (s.planned_rows if s is not None else None)
 
 

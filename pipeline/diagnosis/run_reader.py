@@ -13,11 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError, read_yaml
-from pipeline.metric_names import number
+from pipeline.metric_names import MAX_STEP, number
 from pipeline.run_files import CONFIG, METRICS, iter_jsonl, line_list
-
-MAX_STEP = 2**53  # a logged step is a count of optimizer steps: anything larger is no step
-
 
 class RunDirError(ValueError):
     """Bad input: the CLI prints it and exits 2."""
@@ -97,7 +94,3 @@ def read_config(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(cfg, dict):
         return None, f"{path}: not a mapping of config groups"
     return cfg, None
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0][:200]
