@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 from pipeline.run_files import (CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES,
-                                run_name_problem)
+                                run_name_problem, write_atomic)
 
 
 class StorageError(ValueError):
@@ -195,9 +195,7 @@ class RunStorage:
             with self.fs.open_output_stream(dest) as f:
                 f.write(data)
             return
-        from pipeline.run_files import write_atomic
-
-        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        self._make_dir(dest.rpartition("/")[0])
         write_atomic(Path(dest), data)
 
     def pull(self, run_dir: Path, names=(), dirs=(), only_larger: bool = True) -> list[str]:
@@ -233,8 +231,8 @@ class RunStorage:
 
 def check_writable(location: str, run_name: str) -> None:
     """Write, read back and delete a probe file in the run's storage folder (created on a local or shared
-    disk, as the run will be); StorageError names why, never with credentials from the URI."""
-    check_location(location)
+    disk, as the run will be); StorageError names why, never with credentials from the URI (``filesystem``
+    refuses a URI that holds any)."""
     try:
         store = RunStorage(location, run_name)
         store._make_dir(store.path)
