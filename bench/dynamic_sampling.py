@@ -7,7 +7,7 @@ stopped, -0.1 if the cap cut it), like DAPO's 0/1 accuracy reward. With most com
 many groups of 4 are all cut (or all stopped) and tie exactly. (With the seed's own blend, ROUGE-L
 and the self-judge's continuous grade leave no group below 0.01 on the tiny policy: measured, see
 docs/benchmarks.md.) Both arms: the same tiny policy, data, steps and seed, one after the other in this process
-(TRL's GRPOTrainer built by `pipeline.worker.build_grpo_trainer`, the reward pool's Ray actors,
+(TRL's GRPOTrainer built by `pipeline.training.worker.build_grpo_trainer`, the reward pool's Ray actors,
 the project's Evaluator for the held-out `eval/score`).
 
 Reported per arm: the fraction of trained groups whose weighted total reward has std < 0.01 (every
@@ -55,12 +55,12 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rat
     import torch
     from transformers import TrainerCallback
 
-    from pipeline.data import load_records
-    from pipeline.dynamic_sampling import group_std
-    from pipeline.length_control import CompletionLengthControl
-    from pipeline.reward_clients import make_pool_reward_funcs
-    from pipeline.run_callbacks import Evaluator
-    from pipeline.worker import build_grpo_trainer, load_policy
+    from pipeline.data.sources import load_records
+    from pipeline.training.dynamic_sampling import group_std
+    from pipeline.training.length_control import CompletionLengthControl
+    from pipeline.scoring.clients import make_pool_reward_funcs
+    from pipeline.training.callbacks import Evaluator
+    from pipeline.training.worker import build_grpo_trainer, load_policy
     from rewards.judge import SelfJudge
 
     torch.manual_seed(seed)
@@ -141,7 +141,7 @@ def main() -> int:
 
     import ray
 
-    from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.scoring.pool import start_pool, stop_pool
 
     t0 = time.time()
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)

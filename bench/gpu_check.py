@@ -4,8 +4,8 @@ measured memory per phase against `synth-grpo plan`.
 GPU (default): the policy has Llama-3.1-8B's shape and the judge Qwen2.5-7B's (the planner's built-in
 shapes), both random-initialised here, so nothing is downloaded; a byte-level BPE trained on the bundled
 data is padded to each real vocabulary. They are saved like hub models and run through the project's own
-code: `pipeline.train.run_training` (Ray Train, one worker per GPU), `pipeline.worker` (LoRA r32
-all-linear, bf16, fused AdamW, HF generation, or vLLM when it is installed), `pipeline.reward_pool` (the
+code: `pipeline.training.driver.run_training` (Ray Train, one worker per GPU), `pipeline.training.worker` (LoRA r32
+all-linear, bf16, fused AdamW, HF generation, or vLLM when it is installed), `pipeline.scoring.pool` (the
 judge as a Ray actor on the same GPU). For num_generations 4, 8, 16 and the largest the planner says fits,
 a few GRPO steps each, measuring peak memory per phase (generation, training) with
 `torch.cuda.max_memory_allocated` / `max_memory_reserved`, seconds per step, generated tokens/s; and the
@@ -49,7 +49,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import memory as M  # noqa: E402
+from pipeline.plan import memory as M  # noqa: E402
 from pipeline.config import REPO_ROOT, ConfigError, load_config  # noqa: E402
 
 GIB = M.GIB
@@ -101,7 +101,7 @@ def cpu_mode() -> Mode:
 def training_texts() -> list[str]:
     """Questions, answers and contexts of the bundled data, the system prompt and the judge's rubric."""
     from pipeline.config import DataSection
-    from pipeline.data import load_records
+    from pipeline.data.sources import load_records
     from rewards.judge import RUBRIC
 
     train, held, _ = load_records(DataSection(source="bundled"), log=None)
@@ -110,13 +110,13 @@ def training_texts() -> list[str]:
 
 
 def padded_tokenizer(texts: list[str], vocab_size: int):
-    """`pipeline.tiny.train_byte_level_bpe` (+ the tiny policy's chat template), its BPE vocabulary padded
+    """`pipeline.data.tiny_models.train_byte_level_bpe` (+ the tiny policy's chat template), its BPE vocabulary padded
     with filler tokens up to `vocab_size`, so every id a random model samples decodes. Filler tokens are
     3-byte strings no merge produces: encoding is unchanged, decoding gives random bytes."""
     from tokenizers import Tokenizer, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.tiny import CHAT_TEMPLATE, train_byte_level_bpe
+    from pipeline.data.tiny_models import CHAT_TEMPLATE, train_byte_level_bpe
 
     trained = train_byte_level_bpe(texts, min(TOKENIZER_TRAINED_SIZE, vocab_size), extra_special=CHAT_SPECIALS)
     data = json.loads(trained.backend_tokenizer.to_str())
@@ -357,11 +357,11 @@ class Probe:
 
 
 def probed_train_loop(config: dict) -> None:
-    """The project's Ray Train loop (`pipeline.worker.train_loop_per_worker`), with a Probe attached to the
+    """The project's Ray Train loop (`pipeline.training.worker.train_loop_per_worker`), with a Probe attached to the
     trainer it builds. Runs in the Ray Train worker; the measurements land in the run directory."""
     import ray.train
 
-    import pipeline.worker as worker
+    import pipeline.training.worker as worker
 
     probe = Probe(Path(config["run_dir"]), ray.train.get_context().get_world_rank())
     build = worker.build_grpo_trainer
@@ -392,9 +392,9 @@ def pickled_by_value():
 
 @contextlib.contextmanager
 def probed_worker_loop():
-    """`pipeline.train.build_trainer` starts `pipeline.worker.train_loop_per_worker`; point it at the probed
+    """`pipeline.training.driver.build_trainer` starts `pipeline.training.worker.train_loop_per_worker`; point it at the probed
     loop for this run only (the workers import the unmodified module and the probed loop calls into it)."""
-    import pipeline.worker as worker
+    import pipeline.training.worker as worker
 
     original = worker.train_loop_per_worker
     worker.train_loop_per_worker = probed_train_loop
@@ -424,7 +424,7 @@ def judge_batches(batch_size: int, n: int) -> list[tuple[list[str], list[str], l
     import random
 
     from pipeline.config import DataSection
-    from pipeline.data import load_records
+    from pipeline.data.sources import load_records
 
     rows, _, _ = load_records(DataSection(source="bundled"), log=None)
     rng = random.Random(0)
@@ -604,7 +604,7 @@ def case_json(c: Case) -> dict[str, Any]:
 def run_case(case: Case, cfg, pool, gpu_gib: float | None, num_gpus: int, log) -> dict[str, Any]:
     import ray
 
-    from pipeline.train import prepare_run_dir, run_training
+    from pipeline.training.driver import prepare_run_dir, run_training
 
     run_dir = Path(cfg.output.root) / cfg.output.run_name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -746,8 +746,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from pipeline.reward_pool import start_pool, stop_pool
-    from pipeline.train import init_ray
+    from pipeline.scoring.pool import start_pool, stop_pool
+    from pipeline.training.driver import init_ray
 
     init_ray(None, log=log)
     log(f"[gpu_check] random-init models ({mode.policy.source}, {mode.judge.source}) under {work}")

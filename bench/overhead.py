@@ -3,7 +3,7 @@
 Ours: `run_training` on an embedded local Ray, one Ray Train worker, the reward pool's actors.
 Plain: TRL's GRPOTrainer in this process with the same model, data, config, seeds and reward
 components, no Ray: the in-process functions of `rewards.trl_rewards` with the same frozen MiniLM
-judge, where ours uses the pool's clients (`pipeline.reward_clients`); both score the components
+judge, where ours uses the pool's clients (`pipeline.scoring.clients`); both score the components
 `rewards.trl_rewards.scored_components` names, and the table lists what each run logged.
 Seconds per step are HF's `train_runtime / steps` (the training loop only: Ray start-up and model
 loading are reported apart). Both use one torch thread, as the Ray worker does with
@@ -41,7 +41,7 @@ def bench_config(steps: int):
 
 def _train_stats(rows: list[dict], steps: int) -> dict:
     final = next(r for r in reversed(rows) if "train_runtime" in r)
-    from pipeline.metric_names import is_train_row
+    from pipeline.rundir.metric_names import is_train_row
 
     train = [r for r in rows if is_train_row(r)]
     step_times = [r["step_time"] for r in train[2:] if "step_time" in r]
@@ -58,9 +58,9 @@ def run_plain(steps: int, workdir: Path) -> dict:
     import torch
     from transformers import TrainerCallback
 
-    from pipeline.data import load_records
-    from pipeline.reward_clients import eos_kwargs
-    from pipeline.worker import build_grpo_trainer, load_policy
+    from pipeline.data.sources import load_records
+    from pipeline.scoring.clients import eos_kwargs
+    from pipeline.training.worker import build_grpo_trainer, load_policy
     from rewards.judge import load_judge
     from rewards.trl_rewards import make_reward_funcs
 
@@ -88,8 +88,8 @@ def run_plain(steps: int, workdir: Path) -> dict:
 def run_ours(steps: int, workdir: Path) -> dict:
     import ray
 
-    from pipeline.run_files import METRICS, read_metrics
-    from pipeline.train import prepare_run_dir, run_training
+    from pipeline.rundir.files import METRICS, read_metrics
+    from pipeline.training.driver import prepare_run_dir, run_training
 
     cfg = bench_config(steps)
     cfg.output.run_name = "ours"

@@ -13,7 +13,7 @@ reported with its standard error (from ``eval/score_stderr``) and the spread ove
     python bench/pathologies.py [--steps N] [--seeds 42 43] [--json] [--figure DIR]
 
 With ``--figure DIR`` the first seed's two runs also go through `synth-grpo compare`
-(pipeline/compare.py): one PNG per metric family and compare.md in DIR.
+(pipeline/report/compare.py): one PNG per metric family and compare.md in DIR.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def cap_changes(train: list[dict], band: tuple[float, float] | None) -> dict:
     """How often the cap moved, and how often after the clipped ratio (8-step running mean) entered the band."""
-    from pipeline.metric_names import CAP_METRIC
+    from pipeline.rundir.metric_names import CAP_METRIC
 
     caps = [(r["step"], r[CAP_METRIC]) for r in train if CAP_METRIC in r]
     moves = [s for (s, c), (_, prev) in zip(caps[1:], caps) if c != prev]
@@ -67,7 +67,7 @@ def cap_changes(train: list[dict], band: tuple[float, float] | None) -> dict:
 def summarize_run(rows: list[dict], config, seconds: float) -> dict:
     """The benchmark's figures from a run's metrics.jsonl rows."""
     from pipeline.diagnosis.rules import diagnose
-    from pipeline.metric_names import CAP_METRIC, is_train_row
+    from pipeline.rundir.metric_names import CAP_METRIC, is_train_row
 
     train = [r for r in rows if is_train_row(r)]
     evals = [r for r in rows if "eval/score" in r]
@@ -108,8 +108,8 @@ def summarize_run(rows: list[dict], config, seconds: float) -> dict:
 def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval_samples: int,
             eval_every: int | None = None) -> dict:
     from pipeline.config import load_config
-    from pipeline.run_files import METRICS, read_metrics
-    from pipeline.train import prepare_run_dir, run_training
+    from pipeline.rundir.files import METRICS, read_metrics
+    from pipeline.training.driver import prepare_run_dir, run_training
 
     cfg = load_config(RUNS[name], [
         f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
@@ -194,7 +194,7 @@ def main() -> int:
                                           args.eval_every)
         figure = None
         if args.figure and not args.only:
-            from pipeline.compare import compare as compare_runs
+            from pipeline.report.compare import compare as compare_runs
 
             table, images = compare_runs([root / f"{name}-{args.seeds[0]}" for name in RUNS], args.figure)
             figure = {"table": str(table), **{k: str(v) for k, v in images.items()}}

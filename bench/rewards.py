@@ -135,7 +135,7 @@ def build_tiny_judge(paragraphs: list[dict], folder: Path, seed: int = 0, sharpe
     """Byte-level BPE on XQuAD contexts + random-init Llama (tiny unless ``shape`` says), saved like a hub model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline.tiny import train_byte_level_bpe
+    from pipeline.data.tiny_models import train_byte_level_bpe
     from rewards.judge import RUBRIC
 
     texts = [p["context"] for p in paragraphs] + [qa["question"] for p in paragraphs for qa in p["qas"]]

@@ -1,4 +1,4 @@
-"""Writes pipeline/sample_data/de_qa.jsonl: the project's own German QA pairs in the SYNTH schema.
+"""Writes pipeline/data/sample_data/de_qa.jsonl: the project's own German QA pairs in the SYNTH schema.
 
 Everything here is written by the project (facts stated in our own words, arithmetic generated,
 short reading texts composed from templates), so the data ships under the project's license.
@@ -11,7 +11,7 @@ import json
 import random
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "pipeline" / "sample_data" / "de_qa.jsonl"
+OUT = Path(__file__).resolve().parent.parent / "pipeline" / "data" / "sample_data" / "de_qa.jsonl"
 
 # (Land, Hauptstadt, Kontinent, Amtssprache)
 COUNTRIES = [

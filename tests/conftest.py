@@ -70,7 +70,7 @@ def bucket_objects(prefix: str = ""):
     """(s3 URI, bytes) of every object in the test bucket (under ``prefix``), read through the AWS SDK's environment."""
     import pyarrow.fs as pafs
 
-    from pipeline.storage import filesystem
+    from pipeline.rundir.storage import filesystem
 
     fs, root = filesystem(f"s3://{BUCKET}/{prefix}".rstrip("/"))
     for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
@@ -98,7 +98,7 @@ def xquad_path() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_policy() -> Path:
-    from pipeline.tiny import ensure_tiny
+    from pipeline.data.tiny_models import ensure_tiny
 
     return ensure_tiny()
 

@@ -33,9 +33,9 @@ def main(scenario: str, workdir: Path) -> None:
     from ray.cluster_utils import Cluster
 
     from pipeline.config import config_from_dict
-    from pipeline.reward_pool import start_pool, stop_pool
-    from pipeline.storage import RunStorage
-    from pipeline.train import prepare_run_dir, run_training
+    from pipeline.scoring.pool import start_pool, stop_pool
+    from pipeline.rundir.storage import RunStorage
+    from pipeline.training.driver import prepare_run_dir, run_training
     from tests.test_train_ray import small
     from tests.test_tune import registered_checkpoints
 
@@ -129,7 +129,7 @@ def shared_folder(workdir: Path, storage: str) -> None:
     import yaml
     from ray.cluster_utils import Cluster
 
-    from pipeline.cli import main as cli
+    from pipeline.cli.main import main as cli
     from tests.test_train_ray import small
 
     # Two 1-CPU nodes, one training worker each; the judge (no CPU) and the driver on the head.
@@ -178,7 +178,7 @@ def _retry(start, attempts: int = 3):
 
 
 def _rows(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
-    from pipeline.run_callbacks import read_metrics
+    from pipeline.training.callbacks import read_metrics
 
     return read_metrics(run_dir / name)
 

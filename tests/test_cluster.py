@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from pipeline.config import REWARD_COMPONENTS
-from pipeline.health import COUNTER_NAME
-from pipeline.run_callbacks import prometheus_name, read_metrics
+from pipeline.training.health import COUNTER_NAME
+from pipeline.training.callbacks import prometheus_name, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = REPO / "cluster.yaml"
@@ -158,7 +158,7 @@ def test_cluster_yaml_mounts_what_setup_needs():
     mounts = {k: v for k, v in config["file_mounts"].items() if k.startswith("~/synth-grpo/")}
     assert "." not in mounts.values() and all((REPO / v).exists() for v in mounts.values())
     pyproject = (REPO / "pyproject.toml").read_text()
-    packages = re.search(r"packages = \[(.*?)\]", pyproject).group(1)
+    packages = re.search(r"include = \[(.*?)\]", pyproject).group(1)
     tops = {p.strip().strip('"').split(".")[0] for p in packages.split(",")}
     assert tops | {"pyproject.toml", "README.md", "scripts"} <= set(mounts.values()), sorted(mounts.values())
     assert mounts["~/synth-grpo/docs"] == "docs"  # start_monitoring.sh copies docs/grafana/ to Grafana

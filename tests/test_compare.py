@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 
-from pipeline.cli import main
+from pipeline.cli.main import main
 from pipeline.config import REWARD_COMPONENTS, load_config
 
 

@@ -19,7 +19,7 @@ from annotated_types import Ge, Gt, Le, Lt
 
 from pipeline.config import (ATTN_IMPLEMENTATIONS, HUB_KERNEL, LORA_ALL_LINEAR, LR_SCHEDULERS, REPORT_TO, ConfigError,
                              RunConfig, config_from_dict, load_config, read_yaml, set_path)
-from pipeline.search_space import SpaceError, load_space
+from pipeline.tune.search_space import SpaceError, load_space
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -192,7 +192,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     (b"a: \x00\n", "not valid YAML"),
 ])
 def test_a_broken_config_file_is_one_line_naming_it(tmp_path, capsys, content, needle):
-    from pipeline.cli import main
+    from pipeline.cli.main import main
 
     path = tmp_path / "broken.yaml"
     path.write_bytes(content)
@@ -270,7 +270,7 @@ def test_every_problem_is_one_printable_line(override):
 def test_a_damaged_config_of_a_run_being_resumed_is_one_line_naming_it(tmp_path, capsys):
     """A rerun compares the run's saved config.yaml with the new one: read as a config is read, so a
     damaged file stops the rerun with one line (exit 2, before Ray), and the run directory is kept."""
-    from pipeline.cli import main
+    from pipeline.cli.main import main
 
     run = tmp_path / "damaged"
     (run / "ray_train").mkdir(parents=True)  # the run has checkpoints: a rerun resumes it

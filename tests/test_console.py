@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, load_config
-from pipeline.run_callbacks import read_metrics
-from pipeline.run_files import LEASE
-from pipeline.console import ConsoleRenderer, JsonlTail, TrialBoard, poll_run, table_every
+from pipeline.training.callbacks import read_metrics
+from pipeline.rundir.files import LEASE
+from pipeline.console.live import ConsoleRenderer, JsonlTail, poll_run, table_every
+from pipeline.console.trials import TrialBoard
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -221,7 +222,7 @@ def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy)
     assert sorted({a["step"] for a in answers}) == [0, 5, 10] and len(answers) == 3 * 4 * k  # 4 prompts x k samples
     assert all(set(a["scores"]) == {"rouge_l", "length", "judge", "eos"} and not a["ended_with_eos"] for a in answers)
     # ... the best and worst of the first and last in the doctor's report ...
-    from pipeline.doctor import doctor
+    from pipeline.report.doctor import doctor
 
     report = doctor(run_dir, plots=False)[2].read_text()
     section = report.split("## Held-out samples")[1]
@@ -243,8 +244,9 @@ def test_captured_run_console_shows_events_not_step_dicts(tmp_path, tiny_policy)
 
 
 def test_report_samples_best_and_worst_of_first_and_last_evaluation(tmp_path):
-    from pipeline import eval_samples
-    from pipeline.run_files import EVAL_SAMPLES
+    from pipeline.report.markdown import report_section
+    from pipeline.rundir import eval_samples
+    from pipeline.rundir.files import EVAL_SAMPLES
 
     w = {"rouge_l": 0.4, "length": 0.1, "judge": 0.4, "eos": 0.1}
     recs = [{"id": i, "question": f"Frage {i}?", "reference": f"Antwort {i}."} for i in range(5)]
@@ -258,7 +260,7 @@ def test_report_samples_best_and_worst_of_first_and_last_evaluation(tmp_path):
         eval_samples.write(path, evaluation(step, base))
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     assert rows[1]["score"] == pytest.approx(0.4 * 0.1 + 0.1 * 0.1 + 0.4 * 0.1 + 0.1 * 0.0)  # EOS term: did it stop
-    md = "\n".join(eval_samples.report_section(tmp_path))
+    md = "\n".join(report_section(tmp_path))
     assert "### Step 0 (5 answers, mean score" in md and "### Step 10 (5 answers" in md and "### Step 5" not in md
     step10 = md.split("### Step 10")[1].splitlines()
     best = [ln for ln in step10 if ln.startswith("| best")]
@@ -273,10 +275,10 @@ def test_report_samples_best_and_worst_of_first_and_last_evaluation(tmp_path):
 def test_console_field_decides_whether_the_trainer_prints_step_dicts(tmp_path, tiny_policy, capfd, console):
     """logging.console reaches the run: a real GRPOTrainer (in process, 2 steps) prints TRL's
     per-step dicts only in verbose mode; otherwise quiet_worker removed the printers."""
-    from pipeline.console import quiet_worker
-    from pipeline.data import load_records
-    from pipeline.reward_clients import eos_kwargs
-    from pipeline.worker import build_grpo_trainer, load_policy
+    from pipeline.training.events import quiet_worker
+    from pipeline.data.sources import load_records
+    from pipeline.scoring.clients import eos_kwargs
+    from pipeline.training.worker import build_grpo_trainer, load_policy
     from rewards.trl_rewards import make_reward_funcs
 
     cfg = load_config(None, [f"logging.console={console}", "logging.progress_bar=false", "optimization.max_steps=2",
@@ -306,7 +308,7 @@ def test_trial_board_fed_by_a_real_tune_run(ray_local, tmp_path):
     """The Tune callback's hooks, driven by Ray Tune itself: start, each result, finish, a table."""
     from ray import tune
 
-    from pipeline.console import tune_console_callback
+    from pipeline.console.trials import tune_console_callback
 
     out = io.StringIO()
     board = TrialBoard(lambda p: f"x={p['x']}", "table", out, every_s=0)

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataSection
-from pipeline.data import BUNDLED_DATA, DataError, is_eval, load_records, to_prompt
+from pipeline.data.sources import BUNDLED_DATA, DataError, is_eval, load_records, to_prompt
 
 GOOD = {"synth_id": "a1", "language": "de", "exercise": "memorization", "query": "Was ist die Hauptstadt von Bayern?",
         "query_seed_text": "", "synthetic_answer": "München."}

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.doctor import RULES, History, RuleSettings, diagnose, doctor_cli
-from pipeline.run_files import read_jsonl
+from pipeline.report.doctor import RULES, History, RuleSettings, diagnose, doctor_cli
+from pipeline.rundir.files import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -212,7 +212,7 @@ def test_finding_that_stopped_holding_is_resolved_with_its_span(tmp_path, capsys
     js = json.loads(json.dumps(f.to_dict()))
     assert (js["status"], js["first_step"], js["last_step"]) == ("resolved", 10, f.last_step)
     # and health.json from the live callback agrees
-    from pipeline.health import HealthCallback
+    from pipeline.training.health import HealthCallback
 
     printed = []
     cb = HealthCallback(print_fn=printed.append)
@@ -260,7 +260,7 @@ def _replay(cb, rows, main=True):
 
 
 def test_callback_prints_each_finding_once_and_agrees_with_doctor():
-    from pipeline.health import HealthCallback
+    from pipeline.training.health import HealthCallback
 
     printed = []
     cb = HealthCallback(config=SEED_CONFIG, print_fn=printed.append)
@@ -275,7 +275,7 @@ def test_callback_prints_each_finding_once_and_agrees_with_doctor():
 
 
 def test_callback_quiet_on_healthy_run_and_off_main_process(tmp_path):
-    from pipeline.health import HealthCallback
+    from pipeline.training.health import HealthCallback
 
     printed = []
     cb = HealthCallback(print_fn=printed.append)
@@ -288,7 +288,7 @@ def test_callback_quiet_on_healthy_run_and_off_main_process(tmp_path):
 
 
 def test_callback_counts_findings_in_ray_only_when_initialized(monkeypatch):
-    from pipeline.health import COUNTER_NAME, HealthCallback
+    from pipeline.training.health import COUNTER_NAME, HealthCallback
 
     incs = []
 

@@ -1,4 +1,4 @@
-"""Dynamic sampling (pipeline/dynamic_sampling.py) on TRL's real GRPOTrainer with the tiny policy.
+"""Dynamic sampling (pipeline/training/dynamic_sampling.py) on TRL's real GRPOTrainer with the tiny policy.
 
 The rigged reward makes known prompts' groups constant; what the loss sees is recorded by wrapping
 ``_compute_loss`` (the recording calls through to TRL's own loss).
@@ -39,7 +39,7 @@ def test_bad_values_name_the_field(tmp_path, field, value):
 def test_keep_mask_follows_min_std():
     import torch
 
-    from pipeline.dynamic_sampling import keep_mask
+    from pipeline.training.dynamic_sampling import keep_mask
 
     total = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.1, 0.1, 0.1, 0.105, 0.0, 0.2, 0.4, 0.6, 0.3, float("nan"), float("nan"), float("nan")])
     assert keep_mask(total, 4, 0.01).tolist() == [False, False, True, False]  # constant, std 0.0025, spread, unscorable
@@ -50,9 +50,9 @@ def test_keep_mask_follows_min_std():
 def test_enabled_picks_the_subclass(tmp_path, tiny_policy):
     from trl import GRPOTrainer
 
-    from pipeline.data import load_records
-    from pipeline.dynamic_sampling import DynamicSamplingGRPOTrainer
-    from pipeline.worker import build_grpo_trainer, load_policy
+    from pipeline.data.sources import load_records
+    from pipeline.training.dynamic_sampling import DynamicSamplingGRPOTrainer
+    from pipeline.training.worker import build_grpo_trainer, load_policy
 
     def reward(prompts, **kwargs):
         return [0.0] * len(prompts)
@@ -71,9 +71,9 @@ def test_enabled_picks_the_subclass(tmp_path, tiny_policy):
 
 def build(tmp_path, tiny_policy, data: dict, reward):
     """A real GRPOTrainer (the project's construction) on 40 train prompts, plus a record of the loss inputs."""
-    from pipeline.data import load_records, to_prompt
-    from pipeline.dynamic_sampling import DynamicSamplingGRPOTrainer
-    from pipeline.worker import build_grpo_trainer, load_policy
+    from pipeline.data.sources import load_records, to_prompt
+    from pipeline.training.dynamic_sampling import DynamicSamplingGRPOTrainer
+    from pipeline.training.worker import build_grpo_trainer, load_policy
 
     cfg = config_from_dict(data)
     recs, _, _ = load_records(cfg.data)
@@ -167,7 +167,7 @@ def test_all_constant_runs_short_and_continues(tmp_path, tiny_policy):
 
 
 def test_plan_counts_the_refill_round(tmp_path):
-    from pipeline.memory import plan_run
+    from pipeline.plan.memory import plan_run
 
     off = cfg_dict(tmp_path)
     off["grpo"]["dynamic_sampling"]["enabled"] = False

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import load_config
-from pipeline.run_callbacks import Evaluator, score_stderr
+from pipeline.training.callbacks import Evaluator, score_stderr
 
 
 def test_score_stderr_is_the_within_prompt_sampling_error():
@@ -28,10 +28,10 @@ STEPS = 8
 
 
 def _setup(tmp_path, pool, lr: float):
-    from pipeline.data import load_records
-    from pipeline.length_control import CompletionLengthControl
-    from pipeline.reward_clients import make_pool_reward_funcs
-    from pipeline.worker import build_grpo_trainer, load_policy
+    from pipeline.data.sources import load_records
+    from pipeline.training.length_control import CompletionLengthControl
+    from pipeline.scoring.clients import make_pool_reward_funcs
+    from pipeline.training.worker import build_grpo_trainer, load_policy
 
     cfg = load_config(None, [
         f"optimization.learning_rate={lr}", f"optimization.max_steps={STEPS}", "eval.num_prompts=6",
@@ -54,7 +54,7 @@ def _setup(tmp_path, pool, lr: float):
 @pytest.fixture(scope="module")
 def trained(ray_local, tiny_policy, tmp_path_factory):
     """The default config at two learning rates 10x apart, STEPS steps each, evaluated at 0 and STEPS."""
-    from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.scoring.pool import start_pool, stop_pool
 
     pool = start_pool(load_config(None, ["judge.cpus_per_actor=0.25"]))
     runs = {}
@@ -85,7 +85,7 @@ def test_learning_rates_10x_apart_end_with_different_eval_scores(trained):
 def test_evaluation_ignores_the_training_cap_and_training_rng(trained):
     import torch
 
-    from pipeline.length_control import apply_max_completion_length
+    from pipeline.training.length_control import apply_max_completion_length
 
     ctl, evaluator, trainer, _ = trained[1e-2]
     scores = []

@@ -151,7 +151,7 @@ def test_every_field_is_covered():
 
 
 def _grpo_args(*overrides: str):
-    from pipeline.worker import build_grpo_config
+    from pipeline.training.worker import build_grpo_config
 
     cfg = load_config(None, list(overrides))
     return build_grpo_config(cfg, Path("/tmp/unused"), on_gpu=False, is_rank0=True, reward_weights=[1.0, 0, 0, 0])
@@ -169,7 +169,7 @@ def test_field_reaches_grpo_config(override, attr, expected):
     ("lora.target_modules=[q_proj, v_proj]", "target_modules", {"q_proj", "v_proj"}),
 ])
 def test_field_reaches_lora_config(override, attr, expected):
-    from pipeline.worker import lora_config
+    from pipeline.training.worker import lora_config
 
     base, changed = lora_config(load_config(None)), lora_config(load_config(None, [override]))
     assert getattr(changed, attr) == expected != getattr(base, attr)
@@ -182,7 +182,7 @@ def test_field_reaches_lora_config(override, attr, expected):
     ("distributed.offload_params=true", lambda ds: ds["zero_optimization"]["offload_param"]["device"] == "cpu"),
 ])
 def test_field_reaches_the_deepspeed_config(override, check):
-    from pipeline.worker import deepspeed_config
+    from pipeline.training.worker import deepspeed_config
 
     stage = "distributed.zero_stage=3" if "offload_params" in override else "distributed.zero_stage=2"
     assert deepspeed_config(load_config(None)) is None  # stage 0: plain DDP
@@ -190,7 +190,7 @@ def test_field_reaches_the_deepspeed_config(override, check):
 
 
 def test_field_reaches_the_ray_train_trainer(tmp_path):
-    from pipeline.train import build_trainer, default_run_dir
+    from pipeline.training.driver import build_trainer, default_run_dir
 
     cfg = load_config(None, [
         "distributed.num_workers=2", "distributed.use_gpu=true", "distributed.gpus_per_worker=0.5",
@@ -210,7 +210,7 @@ def test_field_reaches_the_ray_train_trainer(tmp_path):
 
 
 def test_field_changes_the_loaded_records():
-    from pipeline.data import load_records, to_trl_rows
+    from pipeline.data.sources import load_records, to_trl_rows
 
     def load(*overrides):
         return load_records(load_config(None, list(overrides)).data, log=None)
@@ -226,7 +226,7 @@ def test_field_changes_the_loaded_records():
 def test_language_filters_synth_rows(tmp_path):
     import json
 
-    from pipeline.data import load_records
+    from pipeline.data.sources import load_records
 
     rows = [{"query": f"F{i}?", "synthetic_answer": "A.", "language": "de" if i % 2 else "en", "synth_id": str(i)}
             for i in range(20)]
@@ -241,7 +241,7 @@ def test_split_reaches_the_streamed_dataset(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.data import load_records
+    from pipeline.data.sources import load_records
 
     rows = [{"query": f"Frage {i}?", "synthetic_answer": "Antwort.", "language": "de", "synth_id": str(i)} for i in range(12)]
     (tmp_path / "data").mkdir()
@@ -256,7 +256,7 @@ def test_split_reaches_the_streamed_dataset(tmp_path):
                                       "rewards.overlong_buffer=2", "rewards.overlong_weight=0.5",
                                       "rewards.brevity_weight=0.5"])
 def test_field_changes_the_eos_reward(override):
-    from pipeline.reward_clients import eos_kwargs
+    from pipeline.scoring.clients import eos_kwargs
     from rewards.eos import eos_component_batch
 
     # An ended completion near the cap and one cut at it: every eos field moves one of the two scores.
@@ -267,7 +267,7 @@ def test_field_changes_the_eos_reward(override):
 
 
 def test_pool_fields_reach_the_actors(ray_local):
-    from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.scoring.pool import start_pool, stop_pool
 
     cfg = load_config(None, ["judge.num_actors=2", "judge.num_scorer_actors=2", "judge.max_retries=1",
                              "judge.max_input_tokens=24", "judge.cpus_per_actor=0.25"])
@@ -283,7 +283,7 @@ def test_pool_fields_reach_the_actors(ray_local):
 def test_logging_fields_reach_the_callbacks(tmp_path, ray_local):
     from types import SimpleNamespace
 
-    from pipeline.run_callbacks import MetricsSink, SamplesWriter
+    from pipeline.training.callbacks import MetricsSink, SamplesWriter
 
     writer = SamplesWriter(tmp_path, every=3, num_samples=2)
     assert (writer.every, writer.num) == (3, 2)
@@ -296,7 +296,7 @@ def test_logging_fields_reach_the_callbacks(tmp_path, ray_local):
 
 
 def test_attn_implementation_reaches_the_loaded_policy(tiny_policy):
-    from pipeline.worker import load_policy
+    from pipeline.training.worker import load_policy
 
     _, model, _ = load_policy(load_config(None, ["model.attn_implementation=eager"]), on_gpu=False)
     assert model.config._attn_implementation == "eager"

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline import memory as M
+from pipeline.plan import memory as M
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ def test_gpu_measurements_are_set_against_the_plan(gc, tmp_path):
     cfg = gc.case_config(gc.gpu_mode(), 8, "hf", "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
                          tmp_path, 1, True, 2, 256, [])
     assert (cfg.optimization.per_device_train_batch_size, cfg.judge.placement, cfg.distributed.zero_stage) == (8, "same_gpu", 0)
-    from pipeline.reward_pool import training_worker_gpus
+    from pipeline.scoring.pool import training_worker_gpus
 
     assert training_worker_gpus(cfg) + cfg.judge.gpus_per_actor == 1.0  # the worker keeps the rest of its card
     for g in (4, 16, 48):  # the batches the planner's sweep uses: 8 prompts per round on one GPU

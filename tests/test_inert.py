@@ -1,12 +1,14 @@
-"""Settings inert by construction are named before the run starts (pipeline.inert), one line each."""
+"""Settings inert by construction are named before the run starts (pipeline.plan.inert), one line each."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline import cli
+from pipeline.cli import main as cli
+from pipeline.training import driver
+from pipeline.tune import tuner
 from pipeline.config import REPO_ROOT, load_config
-from pipeline.inert import PREFIX, inert_settings, one_step_per_rollout
+from pipeline.plan.inert import PREFIX, inert_settings, one_step_per_rollout
 
 CLIP_HIGH = "grpo.epsilon_high has no effect: one optimizer step per rollout"
 
@@ -19,7 +21,7 @@ def _run_cli(monkeypatch, capsys, command: str, argv: list[str]) -> str:
         seen["stderr"] = capsys.readouterr().err
         return 0
 
-    module = __import__(f"pipeline.{command}", fromlist=["x"])
+    module = {"train": driver, "tune": tuner}[command]
     monkeypatch.setattr(module, f"{command}_cli", stop_before_ray)
     assert cli.main([command, *argv]) == 0
     return seen["stderr"]

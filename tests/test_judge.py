@@ -28,7 +28,7 @@ def build_tiny_lm(folder: Path, padding_side: str) -> Path:
     """Byte-level BPE on German sentences + random-init 2-layer Llama, saved like a hub model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline.tiny import train_byte_level_bpe
+    from pipeline.data.tiny_models import train_byte_level_bpe
     from rewards.judge import RUBRIC
 
     fast = train_byte_level_bpe(german_sentences(300) + [RUBRIC] * 3, 600, padding_side=padding_side)

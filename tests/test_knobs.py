@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from pipeline.config import config_from_dict, load_config
-from pipeline.data import fit_prompt, load_records, prompt_token_count
+from pipeline.data.sources import fit_prompt, load_records, prompt_token_count
 from tests.conftest import REPO
 
 LONG_CONTEXT = " ".join(f"Satz {i}: Die Stadt liegt am Fluss und hat viele alte Häuser." for i in range(400))
@@ -18,7 +18,7 @@ LONG_CONTEXT = " ".join(f"Satz {i}: Die Stadt liegt am Fluss und hat viele alte 
 
 @pytest.fixture(scope="module")
 def tiny_tokenizer(tiny_policy):
-    from pipeline.worker import load_tokenizer
+    from pipeline.training.worker import load_tokenizer
 
     return load_tokenizer(load_config(None))
 
@@ -51,8 +51,8 @@ def test_data_summary_counts_truncated_prompts(tmp_path, tiny_tokenizer):
 @pytest.mark.slow
 def test_prompt_ids_that_reach_generation_respect_max_prompt_length(tmp_path, tiny_policy):
     """A real GRPOTrainer step: every prompt TRL tokenizes for generation fits data.max_prompt_length."""
-    from pipeline.reward_clients import eos_kwargs
-    from pipeline.worker import build_grpo_trainer, load_policy
+    from pipeline.scoring.clients import eos_kwargs
+    from pipeline.training.worker import build_grpo_trainer, load_policy
     from rewards.trl_rewards import make_reward_funcs
 
     rows = [{"query": f"Wie heißt Satz {i}?", "synthetic_answer": f"Satz {i}.", "language": "de", "synth_id": f"r{i}",
@@ -84,7 +84,7 @@ def test_prompt_ids_that_reach_generation_respect_max_prompt_length(tmp_path, ti
 
 def test_judge_max_batch_size_bounds_every_forward_pass(ray_local):
     """The judge actor's forward passes never exceed judge.max_batch_size rows."""
-    from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.scoring.pool import start_pool, stop_pool
 
     cfg = load_config(None, ["judge.max_batch_size=3", "judge.cpus_per_actor=0.25"])
     pool = start_pool(cfg)
@@ -104,7 +104,7 @@ def test_placement_decides_the_judge_actors_ray_resources():
         """
         import json, ray
         from pipeline.config import config_from_dict
-        from pipeline.reward_pool import start_pool, stop_pool, training_worker_gpus
+        from pipeline.scoring.pool import start_pool, stop_pool, training_worker_gpus
         ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR")
         out = {}
         for name, judge, dist in [

@@ -9,7 +9,7 @@ import pytest
 from transformers import TrainerCallback
 
 from pipeline.config import load_config
-from pipeline.length_control import (
+from pipeline.training.length_control import (
     CAP_METRIC,
     CompletionLengthControl,
     adaptive_next,
@@ -180,7 +180,7 @@ def test_reference_quantile_raises_the_floor_and_the_start(tiny_policy):
     """The cap starts at, and never falls below, the length that 90% of the training references fit in."""
     from transformers import AutoTokenizer
 
-    from pipeline.data import load_records
+    from pipeline.data.sources import load_records
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_policy)
     cfg = load_config(None, ADAPTIVE + ["generation.adaptive.start=8", "generation.adaptive.reference_quantile=0.9"])
@@ -203,9 +203,9 @@ def test_reference_quantile_raises_the_floor_and_the_start(tiny_policy):
 
 def _train_adaptive(tmp_path, start: int, steps: int) -> list[dict]:
     """A real TRL GRPOTrainer (in process, no Ray) with the tiny policy and the project's callback."""
-    from pipeline.data import load_records
-    from pipeline.reward_clients import eos_kwargs
-    from pipeline.worker import build_grpo_trainer, load_policy
+    from pipeline.data.sources import load_records
+    from pipeline.scoring.clients import eos_kwargs
+    from pipeline.training.worker import build_grpo_trainer, load_policy
     from rewards.trl_rewards import make_reward_funcs
 
     cfg = load_config(None, [
@@ -268,9 +268,9 @@ def test_callback_order_every_log_reader_sees_the_cap_and_events_record_at_once(
 
     from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl, TrainerState
 
-    from pipeline.console import RunEvents
-    from pipeline.health import HealthCallback
-    from pipeline.run_callbacks import MetricsSink, training_callbacks
+    from pipeline.training.events import RunEvents
+    from pipeline.training.health import HealthCallback
+    from pipeline.training.callbacks import MetricsSink, training_callbacks
 
     cfg = load_config(None, ["generation.max_completion_length=16", "generation.length_schedule=[[5, 32]]"])
     ctl = CompletionLengthControl(cfg, log=None)

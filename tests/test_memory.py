@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import memory as M
-from pipeline.cli import main as cli_main
+from pipeline.plan import memory as M
+from pipeline.cli.main import main as cli_main
 from pipeline.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -277,7 +277,7 @@ def test_gpu_names_are_forgiving(name, preset):
 
 def test_tiny_policy_shape_comes_from_pipeline_tiny():
     plan = M.plan_run(load_config(REPO / "configs" / "tiny.yaml"), 24)
-    assert plan.fits and plan.inputs["shape_source"].startswith(("pipeline.tiny", "/"))
+    assert plan.fits and plan.inputs["shape_source"].startswith(("pipeline.data.tiny_models", "/"))
 
 
 def test_tiny_policy_count_is_exact(tiny_policy):

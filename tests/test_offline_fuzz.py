@@ -1,7 +1,7 @@
 """The offline tools (`doctor`, `compare`, `plan`) read files anyone may have written: a live run's
 half-written line, a hand edit, a folder from someone else. A seeded generator (deterministic; no
 hypothesis in the environment) crafts run folders and model config.json files and runs each tool
-in process through `pipeline.cli.main`: no traceback, exit 0 or 2, bounded output, and no input
+in process through `pipeline.cli.main.main`: no traceback, exit 0 or 2, bounded output, and no input
 that only the CLI's last-resort guard caught (every problem is named by the reader that met it).
 
 Plotting costs ~0.1 s a figure, so every 8th case draws its plots and the others write none; the
@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import compare as compare_mod
-from pipeline import plots
-from pipeline.cli import main
+from pipeline.report import compare as compare_mod
+from pipeline.report import plots
+from pipeline.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = 200  # per tool (the issue's "Done when")
@@ -362,7 +362,7 @@ def test_config_alias_bomb_recursion_and_deep_brackets_are_refused_at_once(tmp_p
     """A run folder's config.yaml is read like a config (pipeline.config.read_yaml): no alias (the run's
     own writer never writes one; a 600-byte bomb expands to billions of nodes), no self-reference,
     brackets at most 100 deep; each refused with one line naming the file, in well under a second."""
-    from pipeline.diagnosis.run_reader import read_config
+    from pipeline.report.run_reader import read_config
 
     cases = {"a.yaml": ALIAS_BOMB, "b.yaml": "x: &x [1, 2]\ny: *x\n", "c.yaml": "generation: &g\n  self: *g\n",
              "d.yaml": "a: " + "[" * 3000 + "]" * 3000 + "\n"}

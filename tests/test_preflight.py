@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pipeline.config import load_config
-from pipeline.train import RAY_TRAIN_DIR, RayUnreachable, ResumeConflict, prepare_run_dir, ray_address
+from pipeline.training.driver import RAY_TRAIN_DIR, RayUnreachable, ResumeConflict, prepare_run_dir, ray_address
 from tests.conftest import REPO
 
 
@@ -111,7 +111,7 @@ def test_stale_cluster_file_does_not_stop_the_embedded_ray():
     (tmp / "ray").mkdir()
     (tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")  # nothing listens on port 9
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    script = ("import ray; from pipeline.train import init_ray; init_ray(); "
+    script = ("import ray; from pipeline.training.driver import init_ray; init_ray(); "
               "print('CPUS', ray.cluster_resources().get('CPU')); ray.shutdown()")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**env, "RAY_TMPDIR": str(tmp)})

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.run_callbacks import prometheus_name, read_metrics
+from pipeline.training.callbacks import prometheus_name, read_metrics
 from tests.test_cluster import CLUSTER_YAML, RAY_NS, REPO, clean_env, ray_cli
 
 FILL_IN_KEYS = {"head_ip", "worker_ips", "ssh_user", "ssh_private_key"}

@@ -25,7 +25,7 @@ def _stats(pool) -> list[dict]:
 
 
 def test_two_judge_actors_never_split_a_group(ray_local, tiny_llm_path):
-    from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.scoring.pool import start_pool, stop_pool
 
     cfg = load_config(None, [
         "judge.backend=llm", f"judge.model={tiny_llm_path}", "judge.num_actors=2", "judge.cpus_per_actor=0.5",

@@ -1,4 +1,4 @@
-"""One writer per run: the lease (pipeline/run_lease.py) on a local folder, a plain-folder storage and
+"""One writer per run: the lease (pipeline/rundir/lease.py) on a local folder, a plain-folder storage and
 S3 (moto's server), the CLI refusing a held run or search before Ray, and whole-file writes that a
 crash cannot leave half done. Two real `synth-grpo train` on one run (refused, then a takeover after
 SIGKILL that resumes) are part of tests/test_storage.py's killed ZeRO-2 run."""
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.run_files import LEASE, read_metrics
-from pipeline.run_lease import LeaseHeld, RunLease, dead_because
+from pipeline.rundir.files import LEASE, read_metrics
+from pipeline.rundir.lease import LeaseHeld, RunLease, dead_because
 from tests.conftest import BUCKET, REPO
 
 
@@ -114,7 +114,7 @@ def test_local_lease_acquire_refuse_takeover_release(tmp_path, quick, sleeper):
 
 
 def test_storage_lease_on_s3_and_two_starts_at_once(s3_server, tmp_path, quick, sleeper):
-    from pipeline.storage import RunStorage
+    from pipeline.rundir.storage import RunStorage
 
     store = RunStorage(f"s3://{BUCKET}/leases", "run")
 
@@ -149,8 +149,8 @@ def test_storage_lease_on_s3_and_two_starts_at_once(s3_server, tmp_path, quick, 
 
 
 def test_plain_folder_storage_uses_the_atomic_file(tmp_path, quick):
-    from pipeline.run_lease import LocalSlot, slot_for_store
-    from pipeline.storage import RunStorage
+    from pipeline.rundir.lease import LocalSlot, slot_for_store
+    from pipeline.rundir.storage import RunStorage
 
     store = RunStorage(str(tmp_path / "shared"), "run")
     assert isinstance(slot_for_store(store), LocalSlot)
@@ -181,7 +181,7 @@ def test_heartbeat_renews_and_a_lease_taken_over_stops_its_old_holder(tmp_path, 
 def test_held_run_exits_2_before_ray_naming_the_holder(tmp_path, sleeper, capsys):
     """The CLI end to end, with a second `train` on a live run, its SIGKILL and the takeover by a rerun
     that resumes: tests/test_storage.py's killed ZeRO-2 run (its two starts are paid once there)."""
-    from pipeline.cli import main
+    from pipeline.cli.main import main
 
     run = tmp_path / "held"
     run.mkdir()
@@ -195,7 +195,7 @@ def test_held_run_exits_2_before_ray_naming_the_holder(tmp_path, sleeper, capsys
 
 
 def test_held_search_exits_2_before_ray_naming_the_holder(tmp_path, sleeper, capsys):
-    from pipeline.cli import main
+    from pipeline.cli.main import main
 
     exp = tmp_path / "search"
     exp.mkdir()
@@ -213,10 +213,10 @@ from pathlib import Path
 os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # the crash: after the bytes, before the rename
 kind, path = sys.argv[1], Path(sys.argv[2])
 if kind == "file":
-    from pipeline.run_files import write_atomic
+    from pipeline.rundir.files import write_atomic
     write_atomic(path, "new " * 100000)
 else:
-    from pipeline.storage import RunStorage
+    from pipeline.rundir.storage import RunStorage
     src = path.parent / "src"
     src.mkdir()
     (src / path.name).write_text("new " * 100000)
@@ -241,7 +241,7 @@ def test_sigterm_releases_the_lease(tmp_path):
     code = f"""
 import time
 from pathlib import Path
-from pipeline.run_lease import Leases
+from pipeline.rundir.lease import Leases
 with Leases() as leases:
     leases.take(Path({str(tmp_path)!r}), None, "train")
     print("held", flush=True)

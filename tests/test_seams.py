@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from transformers import TrainerCallback
 
 from pipeline.config import load_config
-from pipeline.length_control import apply_max_completion_length
+from pipeline.training.length_control import apply_max_completion_length
 
 REPO = Path(__file__).resolve().parents[1]
 PINNED = ("ray", "transformers", "trl", "peft", "deepspeed")
@@ -52,9 +52,9 @@ class _Rows(TrainerCallback):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_policy):
     """A real TRL GRPOTrainer built as the workers build it, trained for a few steps."""
-    from pipeline.data import load_records
-    from pipeline.reward_clients import eos_kwargs
-    from pipeline.worker import build_grpo_trainer, load_policy
+    from pipeline.data.sources import load_records
+    from pipeline.scoring.clients import eos_kwargs
+    from pipeline.training.worker import build_grpo_trainer, load_policy
     from rewards.trl_rewards import make_reward_funcs
 
     cfg = load_config(None, [
@@ -106,7 +106,7 @@ def test_attributes_the_length_control_writes_are_what_trl_generation_reads(trai
 
 @pytest.mark.slow  # one real GRPOTrainer, 4 steps, shared by the module
 def test_trl_logs_hold_what_the_samples_writer_reads(trained):
-    from pipeline.run_callbacks import trl_logs
+    from pipeline.training.callbacks import trl_logs
 
     trainer, _, _ = trained
     logs = trl_logs(trainer)
@@ -124,7 +124,7 @@ def test_a_finished_run_exports_the_adapter_from_its_checkpoint(trained, tmp_pat
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from pipeline.worker import export_trained_weights
+    from pipeline.training.worker import export_trained_weights
 
     trainer, _, checkpoint = trained
     export_trained_weights(checkpoint, tmp_path / "adapter")
@@ -150,7 +150,7 @@ def test_trls_one_step_per_rollout_rule_is_the_one_inert_settings_uses():
 
 
 def test_a_missing_seam_raises_naming_it():
-    from pipeline.run_callbacks import SamplesWriter
+    from pipeline.training.callbacks import SamplesWriter
 
     gone = types.SimpleNamespace(args=types.SimpleNamespace(), max_completion_length=8, use_vllm=False,
                                  generation_kwargs={"max_new_tokens": 8})

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, RunConfig, config_from_dict, load_config
-from pipeline.train import prepare_run_dir
+from pipeline.training.driver import prepare_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_TOKEN = "hf_SyNtHgRpOtEsTtOkEnDoNoTlEaK0123456789"
@@ -61,7 +61,7 @@ def test_token_override_is_rejected_and_not_echoed(key, capsys):
     assert any(p.startswith(f"{key}: unknown key") for p in e.value.problems), e.value.problems
     assert FAKE_TOKEN not in str(e.value)
 
-    from pipeline.cli import main
+    from pipeline.cli.main import main
 
     assert main(["train", "--set", f"{key}={FAKE_TOKEN}"]) == 2  # bad input, before Ray or any model starts
     err = capsys.readouterr().err
@@ -116,10 +116,10 @@ class FakeContext:
 
 
 def run_worker_until_loading(monkeypatch, cfg_data: dict):
-    """Run pipeline.worker.train_loop_per_worker outside Ray Train up to its model loading."""
+    """Run pipeline.training.worker.train_loop_per_worker outside Ray Train up to its model loading."""
     import ray.train
 
-    from pipeline.worker import train_loop_per_worker
+    from pipeline.training.worker import train_loop_per_worker
 
     monkeypatch.setattr(ray.train, "get_context", lambda: FakeContext())
     cfg = config_from_dict(cfg_data)
@@ -211,7 +211,7 @@ def test_checkpoint_rank_count_is_read_without_running_pickled_code(tmp_path):
     tensors and plain data only, so a crafted model-states file cannot run code through it."""
     import torch
 
-    from pipeline.elastic import checkpoint_world_size
+    from pipeline.training.elastic import checkpoint_world_size
 
     marker = tmp_path / "ran"
     step = tmp_path / "global_step4"
@@ -239,9 +239,9 @@ def test_a_local_run_opens_ray_ports_on_loopback_only(tmp_path):
     GCS, raylet or workers answers on another interface (the CLI sets this before Ray is imported)."""
     code = """
 import sys
-import pipeline.cli, pipeline.inert, pipeline.config
+import pipeline.cli.main, pipeline.plan.inert, pipeline.config
 assert "ray" not in sys.modules, "the CLI imports ray before it can bind an embedded Ray to loopback"
-from pipeline.train import bind_embedded_ray_to_loopback, init_ray
+from pipeline.training.driver import bind_embedded_ray_to_loopback, init_ray
 bind_embedded_ray_to_loopback(None)
 init_ray(None, log=None)
 import psutil, ray

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.run_files import LEASE
+from pipeline.rundir.files import LEASE
 from tests.conftest import (BUCKET, REPO, bucket_objects, free_port, leaked_credentials, local_files,
                             planted_credentials, secret_forms)
 
@@ -75,7 +75,7 @@ def test_storage_pickles_without_credentials_and_each_process_signs_with_its_own
 
     import cloudpickle
 
-    from pipeline.storage import RunStorage
+    from pipeline.rundir.storage import RunStorage
 
     server = _SignedRequests()
     try:
@@ -111,8 +111,8 @@ def test_storage_pickles_without_credentials_and_each_process_signs_with_its_own
                                  "s3://bucket/runs?access_key=AKIDLEAKq7&secret_key=LEAKq7",
                                  "gs://bucket/runs?access_token=LEAKq7"])
 def test_credentials_in_the_storage_uri_exit_2_before_ray_without_echoing_them(uri, tmp_path, capsys):
-    from pipeline.cli import main
-    from pipeline.storage import StorageError, check_writable, filesystem
+    from pipeline.cli.main import main
+    from pipeline.rundir.storage import StorageError, check_writable, filesystem
 
     for call in (lambda: filesystem(uri), lambda: check_writable(uri, "run")):
         with pytest.raises(StorageError) as e:
@@ -126,7 +126,7 @@ def test_credentials_in_the_storage_uri_exit_2_before_ray_without_echoing_them(u
 
 
 def test_a_container_in_an_abfs_uri_is_not_a_credential():
-    from pipeline.storage import check_location, redacted
+    from pipeline.rundir.storage import check_location, redacted
 
     check_location("abfs://container@account.dfs.core.windows.net/runs")  # the container's name, no secret
     check_location("/mnt/shared/runs:v1@x")  # a path: nothing to parse
@@ -134,7 +134,7 @@ def test_a_container_in_an_abfs_uri_is_not_a_credential():
 
 
 def test_an_endpoint_url_with_credentials_is_refused(monkeypatch):
-    from pipeline.storage import StorageError, filesystem
+    from pipeline.rundir.storage import StorageError, filesystem
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:LEAKq7@minio.internal:9000")
     with pytest.raises(StorageError) as e:
@@ -148,7 +148,7 @@ def test_an_endpoint_url_with_credentials_is_refused(monkeypatch):
 def test_a_plain_folder_takes_a_new_run_and_its_nested_folders(tmp_path):
     """check_writable on a run name the folder has never seen (it was refused: the probe went into a
     folder that did not exist), then the run's files and the adapter's subfolders pushed and pulled back."""
-    from pipeline.storage import RunStorage, check_writable
+    from pipeline.rundir.storage import RunStorage, check_writable
 
     shared = tmp_path / "nfs" / "runs"  # not even the storage folder exists yet
     check_writable(str(shared), "newrun")
@@ -170,9 +170,9 @@ def test_a_plain_folder_takes_a_new_run_and_its_nested_folders(tmp_path):
 def test_run_names_and_storage_keys(tmp_path, capsys):
     """The storage key is the run's name, never the run directory's last component; a name that is not one
     plain folder name (or an explicit --run-dir whose folder name is not) exits 2 before Ray, naming the option."""
-    from pipeline.cli import main
+    from pipeline.cli.main import main
     from pipeline.config import load_config
-    from pipeline.storage import name_problem, run_store
+    from pipeline.rundir.storage import name_problem, run_store
 
     for name in ("run", "tiny-tune", "a.b_c-1", "..x"):
         assert name_problem(name, "output.run_name") is None, name
@@ -192,7 +192,7 @@ def test_run_names_and_storage_keys(tmp_path, capsys):
 
 
 def test_storage_errors_a_retry_cannot_fix(tmp_path):
-    from pipeline.storage import RunFileSync, RunStorage, retry_cannot_fix
+    from pipeline.rundir.storage import RunFileSync, RunStorage, retry_cannot_fix
 
     assert retry_cannot_fix(PermissionError(13, "Permission denied"))
     assert retry_cannot_fix(OSError("AWS Error ACCESS_DENIED during PutObject operation: Access Denied"))
@@ -249,7 +249,7 @@ def test_run_files_flushed_before_a_checkpoint_and_dead_groups_checkpoints_remov
     checkpoints past a group's start step go, in a bucket and on a local disk, the rest stay."""
     import pyarrow.fs as pafs
 
-    from pipeline.storage import RunFileSync, RunStorage, remove_unregistered_checkpoints
+    from pipeline.rundir.storage import RunFileSync, RunStorage, remove_unregistered_checkpoints
 
     store = RunStorage(f"s3://{BUCKET}/flush", "run")
     run_dir = tmp_path / "run"
@@ -292,9 +292,9 @@ def test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs(s3_server, tmp_p
     Train registered a checkpoint in the bucket; every local run directory deleted; the same command
     again resumes from the bucket: steps once each, both ranks' shards, the run's files, the doctor.
     A second `train` while the first runs exits 2 naming it; the rerun takes the dead one's lease over."""
-    from pipeline.doctor import doctor_cli
-    from pipeline.run_callbacks import read_metrics
-    from pipeline.storage import RunStorage
+    from pipeline.report.doctor import doctor_cli
+    from pipeline.training.callbacks import read_metrics
+    from pipeline.rundir.storage import RunStorage
     from tests.test_train_ray import resume_events, small, train_rows
     from tests.test_tune import signal_session
 
@@ -386,9 +386,9 @@ def test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs(s3_server, tmp_p
 
 def test_elastic_range_keeps_samples_per_optimizer_step(tmp_path):
     from pipeline.config import ConfigError, load_config
-    from pipeline.elastic import for_world_size, samples_per_step
-    from pipeline.train import build_trainer
-    from pipeline.worker import build_grpo_config
+    from pipeline.training.elastic import for_world_size, samples_per_step
+    from pipeline.training.driver import build_trainer
+    from pipeline.training.worker import build_grpo_config
 
     cfg = load_config(None, ["distributed.num_workers=[1, 2]", "optimization.per_device_train_batch_size=4",
                              "optimization.gradient_accumulation_steps=1", "generation.num_generations=4",
@@ -422,7 +422,7 @@ def test_elastic_range_keeps_samples_per_optimizer_step(tmp_path):
 @pytest.mark.slow
 def test_zero2_optimizer_state_resharded_for_fewer_and_more_workers(tmp_path):
     """Adam moments and fp32 weights of a 2-rank ZeRO-2 checkpoint, loaded by 1 and by 3 ranks through
-    pipeline.elastic.reshard, equal what the 2 ranks held (a reset would load zero moments)."""
+    pipeline.training.elastic.reshard, equal what the 2 ranks held (a reset would load zero moments)."""
     import torch
 
     from tests.zero_reshard import STATES
@@ -449,8 +449,8 @@ def test_a_checkpoint_that_cannot_be_resharded_falls_back_to_a_reset(tmp_path):
     loads no optimizer state, with an optimizer_reset record naming the reason and a console line."""
     import torch
 
-    from pipeline.elastic import checkpoint_world_size, reshard, reshard_for_group
-    from pipeline.run_callbacks import read_metrics
+    from pipeline.training.elastic import checkpoint_world_size, reshard, reshard_for_group
+    from pipeline.training.callbacks import read_metrics
 
     broken = tmp_path / "checkpoint-4"  # DeepSpeed's model states of 2 ranks, their partitions missing
     (broken / "global_step4").mkdir(parents=True)
@@ -493,7 +493,7 @@ def _scenario(tmp_path: Path, scenario: str, storage: str = f"s3://{BUCKET}/node
 
 
 def _check_steps_once_and_samples_constant(run_dir: Path, steps: int) -> list[dict]:
-    from pipeline.run_callbacks import read_metrics
+    from pipeline.training.callbacks import read_metrics
 
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
@@ -532,7 +532,7 @@ def test_node_lost_elastic_run_goes_on_with_one_worker_and_grows_back(s3_server,
 
 @pytest.mark.slow
 def test_node_lost_fixed_count_resumes_from_s3_on_a_replacement_node(s3_server, tmp_path):
-    from pipeline.storage import RunStorage
+    from pipeline.rundir.storage import RunStorage
 
     from tests.multinode import STEPS
 
@@ -550,8 +550,8 @@ def test_plain_folder_storage_on_two_nodes_trains_and_resumes_without_the_local_
     """output.storage a plain folder (standing in for NFS) shared by a two-node cluster: the CLI takes a run
     name the folder has never seen (the write probe creates its folder), uploads the adapter's folder at
     the end, and the same command with the local run directory deleted resumes from the folder."""
-    from pipeline.run_callbacks import read_metrics
-    from pipeline.storage import RunStorage
+    from pipeline.training.callbacks import read_metrics
+    from pipeline.rundir.storage import RunStorage
 
     shared = tmp_path / "nfs" / "runs"
     result = _scenario(tmp_path, "shared", str(shared))

@@ -7,8 +7,8 @@ import json
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.data import to_prompt
-from pipeline.tiny import SYSTEM_PROMPT, TinyRecipe, build, ensure_tiny, policy_dir
+from pipeline.data.sources import to_prompt
+from pipeline.data.tiny_models import SYSTEM_PROMPT, TinyRecipe, build, ensure_tiny, policy_dir
 
 
 def test_build_is_deterministic_for_a_seed(tmp_path):

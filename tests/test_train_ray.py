@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from pipeline.config import REWARD_COMPONENTS, config_from_dict, load_config
-from pipeline.run_callbacks import read_metrics
-from pipeline.train import RAY_TRAIN_DIR, prepare_run_dir, registered_checkpoints, run_training
+from pipeline.training.callbacks import read_metrics
+from pipeline.training.driver import RAY_TRAIN_DIR, prepare_run_dir, registered_checkpoints, run_training
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_pool_routes_around_a_restarting_judge_and_names_a_dead_one(ray_local):
     judge dead for good fails the batch after the retries, naming it."""
     import dataclasses
 
-    from pipeline.reward_pool import RESTART_WAIT_S, RewardPoolError, start_pool, stop_pool
+    from pipeline.scoring.pool import RESTART_WAIT_S, RewardPoolError, start_pool, stop_pool
 
     @ray_local.remote(num_cpus=0)
     class Restarting:  # what a call to a judge on its way back raises
@@ -164,7 +164,7 @@ def test_judge_and_workers_killed_mid_run_every_step_scored_once(ray_local, tmp_
     group from it). The policy never stops and the length schedule switches 8 -> 20 tokens at step 3:
     generation reads the schedule, before the restart and after it. One run for all of it: each start
     of a run costs half a minute of the suite."""
-    from pipeline.reward_pool import start_pool, stop_pool
+    from pipeline.scoring.pool import start_pool, stop_pool
 
     steps_total = 16
     policy = never_stopping_policy(tiny_policy, tmp_path / "never-stops")

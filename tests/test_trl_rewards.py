@@ -81,7 +81,7 @@ def test_functions_score_a_group(conversational):
 def test_pool_clients_score_the_same_components_as_the_in_process_functions(judge_weight):
     """One rule (scored_components) for both factories: a judge of weight 0 is scored by neither."""
     from pipeline.config import load_config
-    from pipeline.reward_clients import eos_kwargs, make_pool_reward_funcs
+    from pipeline.scoring.clients import eos_kwargs, make_pool_reward_funcs
 
     cfg = load_config(None, [f"rewards.weights={{rouge_l: 0.5, length: 0.2, judge: {judge_weight}, eos: 1}}"])
     pool_funcs, pool_weights = make_pool_reward_funcs(None, cfg, [EOS], lambda: 8)

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, RunConfig, config_from_dict, load_config
-from pipeline.search_space import SpaceError, fit_batch_to_groups, load_space, parse_space
-from pipeline.run_files import ADAPTER_DIR, EVENTS, METRICS, RAY_TRAIN_DIR
-from pipeline.storage import RunStorage
-from pipeline.tune import BEST_CONFIG, OBJECTIVE, RESULTS_CSV, TRIALS_DIR, TUNE_DIR, max_concurrent_trials
+from pipeline.tune.search_space import SpaceError, fit_batch_to_groups, load_space, parse_space
+from pipeline.rundir.files import ADAPTER_DIR, EVENTS, METRICS, RAY_TRAIN_DIR
+from pipeline.rundir.storage import RunStorage
+from pipeline.tune.tuner import BEST_CONFIG, OBJECTIVE, RESULTS_CSV, TRIALS_DIR, TUNE_DIR, max_concurrent_trials
 from tests.conftest import bucket_objects, leaked_credentials, local_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ def test_corner_values_are_checked_with_the_config_validation():
 
 
 def test_cli_bad_space_exits_2_naming_the_key(tmp_path, capsys):
-    from pipeline.cli import main
+    from pipeline.cli.main import main
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("space:\n  optimization.learning_rate: {loguniform: [0, 1.0e-5]}\n  generation.num_generation: {choice: [4]}\n")
@@ -216,14 +216,14 @@ def test_cli_bad_space_exits_2_naming_the_key(tmp_path, capsys):
 
 
 def test_cli_resume_without_a_search_exits_2(tmp_path, capsys):
-    from pipeline.cli import main
+    from pipeline.cli.main import main
 
     assert main(["tune", "--resume", "--name", "nothing-here", "--set", f"output.root={tmp_path}"]) == 2
     assert f"--resume: no search at {tmp_path.resolve() / 'nothing-here'}" in capsys.readouterr().err
 
 
 def test_cli_needs_eval_prompts_for_the_objective(capsys):
-    from pipeline.cli import main
+    from pipeline.cli.main import main
 
     args = ["tune", "--space", str(REPO / "tune_spaces" / "default.yaml"), "--set", "eval.num_prompts=0"]
     assert main(args) == 2
@@ -251,7 +251,7 @@ def test_results_rows_status_sorting_csv_and_best_config(tmp_path):
     """Statuses come from Tune's saved state (what --resume reads, see saved_trials) and the run directories."""
     from types import SimpleNamespace
 
-    from pipeline.tune import collect_rows, format_table, write_best_config, write_results_csv
+    from pipeline.tune.tuner import collect_rows, format_table, write_best_config, write_results_csv
 
     s = parse_space({"space": {LR: {"loguniform": [1e-6, 1e-4]},
                                "rewards.weights": {"simplex": ["rouge_l", "judge"], "fixed": ["eos"]}}})
@@ -308,7 +308,7 @@ def test_saved_trials_reads_tunes_saved_state_through_its_public_api(ray_local, 
     """saved_trials (ExperimentAnalysis + ResultGrid on the folder) against a real, if trivial, Tune run."""
     from ray import tune
 
-    from pipeline.tune import saved_trials
+    from pipeline.tune.tuner import saved_trials
 
     tuner = tune.Tuner(
         tune.with_resources(_report_score, {"CPU": 0.1}),
@@ -358,8 +358,8 @@ def read_csv(path: Path) -> list[dict]:
 def test_three_trial_search_results_best_config_and_training_from_it(ray_local, s3_server, tmp_path, capsys):
     """...kept in S3 (moto's server) as well: Tune's state, the trials' checkpoints and files, the results."""
 
-    from pipeline.train import run_training
-    from pipeline.tune import format_table, run_search
+    from pipeline.training.driver import run_training
+    from pipeline.tune.tuner import format_table, run_search
     from tests.conftest import BUCKET
 
     storage = f"s3://{BUCKET}/searches"
@@ -457,7 +457,7 @@ def trial_states(exp: RunStorage) -> dict[str, str]:
 
 
 def registered_checkpoints(store: RunStorage) -> list[str]:
-    """The checkpoints Ray Train registered for a run or trial in storage (pipeline.train.registered_checkpoints,
+    """The checkpoints Ray Train registered for a run or trial in storage (pipeline.training.driver.registered_checkpoints,
     read from ``store``; the node-loss and S3 resume tests use it too)."""
     try:
         snap = json.loads(store.read_text(f"{RAY_TRAIN_DIR}/checkpoint_manager_snapshot.json"))
@@ -510,7 +510,7 @@ def test_crashed_search_resumes_keeping_finished_trials(s3_server, tmp_path):
     import shutil
     import uuid
 
-    from pipeline.storage import run_store
+    from pipeline.rundir.storage import run_store
     from tests.conftest import BUCKET
 
     cfg_path, space_path = tmp_path / "tiny.yaml", tmp_path / "space.yaml"

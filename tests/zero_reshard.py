@@ -1,4 +1,4 @@
-"""ZeRO-2 Adam state saved by one group size and loaded by another through pipeline.elastic.reshard.
+"""ZeRO-2 Adam state saved by one group size and loaded by another through pipeline.training.elastic.reshard.
 
 Run as ``python -m tests.zero_reshard PHASE WORLD WORKDIR PORT`` (by tests/test_elastic_reshard.py):
 spawns WORLD gloo ranks of a real DeepSpeed ZeRO-2 engine on a small model with a frozen layer (as
@@ -34,7 +34,7 @@ def rank_main(rank: int, world: int, phase: str, workdir: Path, port: int) -> No
     import torch
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    from pipeline.elastic import reshard
+    from pipeline.training.elastic import reshard
 
     deepspeed.init_distributed(dist_backend="gloo")
     net = model()

@@ -1,3 +1,4 @@
-"""Training health: the rules (live and after the fact), the metric history they read, reading a
-run directory, and the doctor's report. Each submodule is imported on its own: the training path
-(``pipeline.health``) needs only ``rules`` and ``history``."""
+"""Training health: the rules (``rules``), shared by the live health callback and the doctor, and
+the metric history they read (``history``).
+
+May import: ``pipeline.plan``, ``pipeline.config``, ``pipeline.rundir`` and below."""

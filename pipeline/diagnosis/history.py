@@ -11,7 +11,7 @@ import math
 from array import array
 from typing import Any, Iterable, Mapping
 
-from pipeline.metric_names import CAP_METRIC, TRAIN_KEYS, is_train_row, number
+from pipeline.rundir.metric_names import CAP_METRIC, TRAIN_KEYS, is_train_row, number
 
 NAN = float("nan")
 # History keeps only what the rules and the report read (a live run logs ~50 keys for thousands of steps).

@@ -7,7 +7,7 @@ steps what is wrong, with the numbers they saw and the config key to change.
 Rules are pure functions ``rule(history, end, settings, config) -> Finding | None`` that judge
 the first ``end`` logged steps. ``diagnose`` replays a whole run and reports the step at which
 each rule would first have fired live, so the doctor and the live callback
-(``pipeline.health.HealthCallback``) agree (``Tracker``).
+(``pipeline.training.health.HealthCallback``) agree (``Tracker``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from pipeline.config import get_path, scheduled_length, yaml_number
 from pipeline.diagnosis.history import History
-from pipeline.inert import one_step_per_rollout, rollout_text
-from pipeline.metric_names import CAP_METRIC, MAX_STEP, number
+from pipeline.plan.inert import one_step_per_rollout, rollout_text
+from pipeline.rundir.metric_names import CAP_METRIC, MAX_STEP, number
 
 # ---------------------------------------------------------------- settings and findings
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.data import BUNDLED_DATA, to_prompt
+from pipeline.data.sources import BUNDLED_DATA, to_prompt
 
 BUILD_VERSION = 1  # bump when the recipe below changes
 SYSTEM_PROMPT = "Du bist ein hilfreicher Assistent. Antworte kurz auf Deutsch."

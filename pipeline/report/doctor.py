@@ -1,7 +1,7 @@
 """`synth-grpo doctor RUN_DIR|STORAGE_URI [--json]`, and the doctor's public names in one place.
 
 The parts live in ``pipeline/diagnosis/``: ``rules`` (the health rules, shared with the live
-``pipeline.health.HealthCallback``), ``history`` (the metric stream they read), ``run_reader``
+``pipeline.training.health.HealthCallback``), ``history`` (the metric stream they read), ``run_reader``
 (a run directory's rows and config) and ``report`` (report.md, the text and JSON printed here).
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.cli_errors import cli_error
+from pipeline.errors import cli_error
 from pipeline.diagnosis.history import History
-from pipeline.diagnosis.report import doctor, findings_text, input_warnings
+from pipeline.report.markdown import doctor, findings_text, input_warnings
 from pipeline.diagnosis.rules import RULES, Finding, RuleSettings, check, diagnose
-from pipeline.diagnosis.run_reader import RunDirError, load_run
+from pipeline.report.run_reader import RunDirError, load_run
 
 __all__ = ["RULES", "Finding", "History", "RunDirError", "RuleSettings", "check", "diagnose", "doctor", "doctor_cli",
            "load_run"]
@@ -22,7 +22,7 @@ __all__ = ["RULES", "Finding", "History", "RunDirError", "RuleSettings", "check"
 def doctor_cli(args) -> int:
     """`synth-grpo doctor RUN_DIR [--json]`: 0 when diagnosed (findings or not), 2 for bad input."""
     try:
-        from pipeline.storage import StorageError, is_uri, local_copy
+        from pipeline.rundir.storage import StorageError, is_uri, local_copy
 
         run_dir = args.run_dir
         if is_uri(run_dir):  # a run in output.storage: read it with no node alive

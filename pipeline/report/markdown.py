@@ -9,9 +9,10 @@ from typing import Mapping
 
 from pipeline.diagnosis.history import History
 from pipeline.diagnosis.rules import Finding, RuleSettings, diagnose
-from pipeline.diagnosis.run_reader import Run, RunDirError, load_run
-from pipeline.metric_names import CAP_METRIC, TRAIN_KEYS, number
-from pipeline.run_files import METRICS, REPORT, line_list, write_atomic
+from pipeline.report.run_reader import Run, RunDirError, load_run
+from pipeline.rundir.metric_names import CAP_METRIC, TRAIN_KEYS, number
+from pipeline.rundir.eval_samples import SHOWN, by_evaluation, markdown, read_answers
+from pipeline.rundir.files import EVAL_SAMPLES, METRICS, REPORT, line_list, write_atomic
 
 
 def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[str, Path]) -> Path:
@@ -46,7 +47,6 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
         vals = h.values(key)
         if vals:
             out.append(f"| `{key}` | {vals[0]:.4g} | {vals[-1]:.4g} | {min(vals):.4g} | {max(vals):.4g} |")
-    from pipeline.eval_samples import report_section
 
     out += report_section(run.path, run.warnings)
     if plots:
@@ -67,7 +67,7 @@ def doctor(run_dir: str | Path, settings: RuleSettings | None = None,
     findings = diagnose(h, settings, run.config)
     written: dict[str, Path] = {}
     if plots:
-        from pipeline.plots import plot_run
+        from pipeline.report.plots import plot_run
 
         written = plot_run(run.rows, run.path, findings, run.config)
     report = write_report(run, h, findings, written)
@@ -93,3 +93,26 @@ def findings_text(run: Run, findings: list[Finding], report: Path, plots: Mappin
         out.append("no rule fired")
     out += ["", f"report: {report}", "plots:  " + ", ".join(str(p) for p in plots.values())]
     return "\n".join(out)
+
+
+def report_section(run_dir: Path, warnings: list[str] | None = None) -> list[str]:
+    """Markdown for the doctor's report.md: the best and worst answers of the first and last evaluation.
+    A line about skipped rows goes to ``warnings`` (and into the section)."""
+    rows, skipped = read_answers(run_dir)
+    if skipped and warnings is not None:
+        warnings.append(skipped)
+    evals = by_evaluation(rows)
+    if not evals:
+        return ["", "## Held-out samples", "", skipped + "."] if skipped else []
+    steps = sorted(evals)
+    picked = [steps[0]] + ([steps[-1]] if steps[-1] != steps[0] else [])
+    out = ["", "## Held-out samples", "",
+           f"The best and worst {SHOWN} held-out answers of the first and last evaluation ({len(steps)} in all), "
+           f"each with its component scores and its `eval/score` (`{EVAL_SAMPLES}` holds every answer of every evaluation)."]
+    if skipped:
+        out += ["", skipped + "."]
+    for step in picked:
+        answers = evals[step]
+        mean = sum(float(r["score"]) for r in answers) / len(answers)
+        out += ["", f"### Step {step} ({len(answers)} answers, mean score {mean:.3f})", ""] + markdown(step, answers)
+    return out

@@ -23,10 +23,10 @@ import yaml
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, TypeAdapter, ValidationError
 
-from pipeline.run_files import run_name_problem
-from pipeline.storage import StorageError, check_location, redacted
+from pipeline.rundir.files import run_name_problem
+from pipeline.rundir.storage import StorageError, check_location, redacted
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"
 TINY_POLICY = "tiny"  # model name that means "the policy the project builds itself"
 REWARD_COMPONENTS = ("rouge_l", "length", "judge", "eos")
@@ -34,7 +34,7 @@ JUDGE_BACKENDS = ("llm", "embedding", "self")
 DATA_SOURCES = ("bundled", "synth", "local", "squad")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-CONSOLE_MODES = ("progress", "table", "json", "verbose")  # logging.console, see pipeline/console.py
+CONSOLE_MODES = ("progress", "table", "json", "verbose")  # logging.console, see pipeline/console/live.py
 
 # Names the libraries accept, checked here so a typo stops before Ray and not inside a worker. Copied
 # (importing transformers costs seconds); tests/test_config_values.py compares them with the installed ones.
@@ -209,7 +209,7 @@ class OptimizationSection:
 
 @dataclass
 class DynamicSamplingSection:
-    # DAPO dynamic sampling (pipeline/dynamic_sampling.py): groups whose rewards barely differ give no
+    # DAPO dynamic sampling (pipeline/training/dynamic_sampling.py): groups whose rewards barely differ give no
     # (or noise-driven) advantage; drop them and refill from fresh prompts.
     enabled: bool = False
     min_std: NonNegativeFloat = 0.01  # drop a group whose weighted total reward (before scaling) has std below this
@@ -783,7 +783,7 @@ def _check_grpo(cfg: RunConfig, base_dir: Path | None) -> list[str]:
 
 
 def _check_distributed(cfg: RunConfig, base_dir: Path | None) -> list[str]:
-    from pipeline.elastic import problems as worker_count_problems
+    from pipeline.training.elastic import problems as worker_count_problems
 
     d = cfg.distributed
     p = worker_count_problems(cfg)

@@ -1,6 +1,7 @@
-"""Held-out answers a person can read: every evaluation's answers with their component scores in
-``eval_samples.jsonl``, the best and worst of the first and last evaluation in the doctor's
-report, and as TensorBoard text when the run reports to TensorBoard."""
+"""Held-out answers a person can read: the rows of ``eval_samples.jsonl`` (every evaluation's
+answers with their component scores), their reader, and the best-and-worst table that the
+doctor's report (``pipeline.report.markdown``) and TensorBoard (``pipeline.training.callbacks``)
+both show."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipeline.metric_names import MAX_STEP, number
-from pipeline.run_files import EVAL_SAMPLES, iter_jsonl, line_list
+from pipeline.rundir.metric_names import MAX_STEP, number
+from pipeline.rundir.files import EVAL_SAMPLES, iter_jsonl, line_list
 
 SHOWN = 2  # best and worst answers shown per evaluation
 MAX_COMPONENTS = 12  # score columns shown in a table
@@ -122,43 +123,3 @@ def markdown(step: int, answers: Sequence[Mapping[str, Any]], n: int = SHOWN) ->
                        + f" | {'yes' if r.get('ended_with_eos') is True else 'no'} | {_cell(r.get('prompt'))} | "
                        f"{_cell(r.get('completion'))} | {_cell(r.get('reference'))} |")
     return out
-
-
-def report_section(run_dir: Path, warnings: list[str] | None = None) -> list[str]:
-    """Markdown for the doctor's report.md: the best and worst answers of the first and last evaluation.
-    A line about skipped rows goes to ``warnings`` (and into the section)."""
-    rows, skipped = read_answers(run_dir)
-    if skipped and warnings is not None:
-        warnings.append(skipped)
-    evals = by_evaluation(rows)
-    if not evals:
-        return ["", "## Held-out samples", "", skipped + "."] if skipped else []
-    steps = sorted(evals)
-    picked = [steps[0]] + ([steps[-1]] if steps[-1] != steps[0] else [])
-    out = ["", "## Held-out samples", "",
-           f"The best and worst {SHOWN} held-out answers of the first and last evaluation ({len(steps)} in all), "
-           f"each with its component scores and its `eval/score` (`{EVAL_SAMPLES}` holds every answer of every evaluation)."]
-    if skipped:
-        out += ["", skipped + "."]
-    for step in picked:
-        answers = evals[step]
-        mean = sum(float(r["score"]) for r in answers) / len(answers)
-        out += ["", f"### Step {step} ({len(answers)} answers, mean score {mean:.3f})", ""] + markdown(step, answers)
-    return out
-
-
-def to_tensorboard(trainer, step: int, rows: Sequence[Mapping[str, Any]]) -> bool:
-    """The evaluation's best and worst answers as TensorBoard text (tag ``eval/samples``), through
-    the run's own TensorBoardCallback writer; False when the run does not report to TensorBoard."""
-    from transformers.integrations import TensorBoardCallback
-
-    for cb in trainer.callback_handler.callbacks:
-        if isinstance(cb, TensorBoardCallback):
-            if cb.tb_writer is None:
-                cb._init_summary_writer(trainer.args)
-            if cb.tb_writer is None or not rows:
-                return False
-            cb.tb_writer.add_text("eval/samples", "\n".join(markdown(step, rows)), global_step=step)
-            cb.tb_writer.flush()
-            return True
-    return False

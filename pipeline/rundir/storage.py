@@ -18,7 +18,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from pipeline.run_files import (CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES,
+from pipeline.rundir.files import (CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES,
                                 run_name_problem, write_atomic)
 
 

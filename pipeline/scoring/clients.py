@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 from pipeline.config import RunConfig
-from pipeline.reward_pool import RewardPool
+from pipeline.scoring.pool import RewardPool
 from rewards.eos import is_terminated
 from rewards.trl_rewards import EOS_KWARGS, completion_text, scored_components
 

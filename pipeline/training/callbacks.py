@@ -8,12 +8,13 @@ import math
 import re
 import statistics
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from transformers import TrainerCallback
 
 from pipeline.config import REWARD_COMPONENTS, RunConfig
-from pipeline.run_files import METRICS, SAMPLES, read_metrics, write_atomic
+from pipeline.rundir import eval_samples
+from pipeline.rundir.files import METRICS, SAMPLES, read_metrics, write_atomic
 
 METRIC_PREFIX = "synth_grpo_"
 
@@ -188,7 +189,7 @@ class Evaluator(TrainerCallback):
 
     def __init__(self, cfg: RunConfig, records: list[dict], tokenizer, pool, eos_token_ids: list[int],
                  max_new_tokens: int, report: Callable[[dict], None] | None = None):
-        from pipeline.data import to_prompt
+        from pipeline.data.sources import to_prompt
 
         self.cfg = cfg
         self.records = records[: cfg.eval.num_prompts]
@@ -199,7 +200,7 @@ class Evaluator(TrainerCallback):
         self.report = report
         self.trainer = None
         self.last: dict[str, float] = {}
-        self.samples_path: Path | None = None  # rank 0: every answer with its scores (pipeline/eval_samples.py)
+        self.samples_path: Path | None = None  # rank 0: every answer with its scores (pipeline/rundir/eval_samples.py)
 
     def _generate(self, model, items: list[int], device) -> list[tuple[list[int], float | None]]:
         """(completion ids, mean per-token k3 KL to the initial policy) for the prompts ``items``, in chunks."""
@@ -243,8 +244,7 @@ class Evaluator(TrainerCallback):
         import torch
         from trl.models import unwrap_model_for_generation
 
-        from pipeline import eval_samples
-        from pipeline.reward_clients import eos_kwargs
+        from pipeline.scoring.clients import eos_kwargs
         from rewards.eos import is_terminated
 
         tr = self.trainer
@@ -287,7 +287,7 @@ class Evaluator(TrainerCallback):
             if self.samples_path is not None:
                 rows = eval_samples.eval_rows(step, recs, cands, ended, scores, self.cfg.eval.score_weights)
                 eval_samples.write(self.samples_path, rows)
-                eval_samples.to_tensorboard(tr, step, rows)
+                to_tensorboard(tr, step, rows)
             n = len(cands)
             metrics = {**{f"eval/{key}": sum(v) / n for key, v in scores.items()}, "eval/eos_rate": sum(ended) / n,
                        "eval/mean_length": sum(len(x) for x in ids) / n, "eval/max_new_tokens": max_new,
@@ -357,7 +357,7 @@ class RayTrainReporter(TrainerCallback):
         import ray.train
         from ray.train import CheckpointUploadMode
 
-        from pipeline.storage import rank_part
+        from pipeline.rundir.storage import rank_part
 
         t0 = self._save_start or time.perf_counter()
         rank = ray.train.get_context().get_world_rank()
@@ -386,3 +386,20 @@ def training_callbacks(*, length_control, samples, health, events, metrics, repo
     """
     out = [length_control, samples, health, events, metrics, reporter, evaluator]
     return out + ([sync] if sync is not None else [])
+
+
+def to_tensorboard(trainer, step: int, rows: Sequence[Mapping[str, Any]]) -> bool:
+    """The evaluation's best and worst answers as TensorBoard text (tag ``eval/samples``), through
+    the run's own TensorBoardCallback writer; False when the run does not report to TensorBoard."""
+    from transformers.integrations import TensorBoardCallback
+
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, TensorBoardCallback):
+            if cb.tb_writer is None:
+                cb._init_summary_writer(trainer.args)
+            if cb.tb_writer is None or not rows:
+                return False
+            cb.tb_writer.add_text("eval/samples", "\n".join(eval_samples.markdown(step, rows)), global_step=step)
+            cb.tb_writer.flush()
+            return True
+    return False

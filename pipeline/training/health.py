@@ -12,7 +12,7 @@ from transformers import TrainerCallback
 
 from pipeline.diagnosis.history import History
 from pipeline.diagnosis.rules import Finding, RuleSettings, Tracker, config_dict
-from pipeline.run_files import write_atomic
+from pipeline.rundir.files import write_atomic
 
 COUNTER_NAME = "synth_grpo_health_findings"
 

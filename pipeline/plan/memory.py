@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli_errors import cli_error
+from pipeline.errors import cli_error
 from pipeline.config import TINY_POLICY, RunConfig
 
 GIB = 1024**3
@@ -229,15 +229,15 @@ def _read_config(path: Path, source: str) -> ModelShape:
 
 
 def _tiny_shape() -> ModelShape:
-    """The project's own tiny policy (pipeline.tiny): the built policy's config.json, else the recipe it
+    """The project's own tiny policy (pipeline.data.tiny_models): the built policy's config.json, else the recipe it
     would be built from (vocab_size is then the BPE target)."""
-    import pipeline.tiny as tiny
+    import pipeline.data.tiny_models as tiny
 
     config = tiny.policy_dir() / "config.json"
     if config.is_file():
         return _read_config(config, str(config))
     recipe = dataclasses.asdict(tiny.TinyRecipe())
-    return ModelShape.from_hf_config({**recipe, "tie_word_embeddings": True}, "pipeline.tiny.TinyRecipe (not built yet)")
+    return ModelShape.from_hf_config({**recipe, "tie_word_embeddings": True}, "pipeline.data.tiny_models.TinyRecipe (not built yet)")
 
 
 def resolve_shape(name_or_path: str, revision: str | None = None) -> ModelShape:
@@ -546,7 +546,7 @@ def _inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> _Inp
         judge_bytes = _MINILM_PARAMS * 4
     attn = cfg.model.attn_implementation or "sdpa"
     o = cfg.optimization
-    from pipeline.elastic import worker_range  # an elastic run plans for its fewest workers (largest ZeRO shards)
+    from pipeline.training.elastic import worker_range  # an elastic run plans for its fewest workers (largest ZeRO shards)
 
     return _Inputs(
         shape=resolve_shape(cfg.model.name_or_path, cfg.model.revision),

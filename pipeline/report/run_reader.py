@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError, read_yaml
-from pipeline.metric_names import MAX_STEP, number
-from pipeline.run_files import CONFIG, METRICS, iter_jsonl, line_list
+from pipeline.rundir.metric_names import MAX_STEP, number
+from pipeline.rundir.files import CONFIG, METRICS, iter_jsonl, line_list
 
 class RunDirError(ValueError):
     """Bad input: the CLI prints it and exits 2."""

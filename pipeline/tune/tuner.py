@@ -27,10 +27,10 @@ from typing import Any, Sequence
 
 import yaml
 
-from pipeline.cli_errors import cli_error
+from pipeline.errors import cli_error
 from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path, read_yaml
-from pipeline.run_files import ADAPTER_DIR, CONFIG, METRICS, read_metrics, write_atomic
-from pipeline.search_space import SearchSpace, SpaceError, load_space, parse_space
+from pipeline.rundir.files import ADAPTER_DIR, CONFIG, METRICS, read_metrics, write_atomic
+from pipeline.tune.search_space import SearchSpace, SpaceError, load_space, parse_space
 
 OBJECTIVE = "eval/score"
 TIME_ATTR = "step"  # the training step each eval reports: ASHA's clock
@@ -94,12 +94,12 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
     """One Tune trial: its config (validated), its run directory, the project's TorchTrainer.fit().
 
     ``trials_store``: the search's ``trials/`` folder in storage; its filesystem holds no credentials,
-    so the trial's process authenticates from its own environment (pipeline.storage.filesystem).
+    so the trial's process authenticates from its own environment (pipeline.rundir.storage.filesystem).
     """
     from ray import tune
 
-    from pipeline.run_files import WORKER_DIRS
-    from pipeline.train import FATAL_FILE, build_trainer, gpu_length_ceiling, prepare_run_dir, raise_if_fatal
+    from pipeline.rundir.files import WORKER_DIRS
+    from pipeline.training.driver import FATAL_FILE, build_trainer, gpu_length_ceiling, prepare_run_dir, raise_if_fatal
 
     trial_id = tune.get_context().get_trial_id()
     cfg = space.trial_config(base, params)
@@ -139,8 +139,8 @@ def _trial_dirname(trial) -> str:
 
 def max_concurrent_trials(cfg: RunConfig, resources: dict[str, float]) -> int:
     """Trials that fit beside the shared pool: (cluster - pool) / (trial driver + workers), at least 1."""
-    from pipeline.elastic import worker_range
-    from pipeline.reward_pool import judge_actor_options, training_worker_gpus
+    from pipeline.training.elastic import worker_range
+    from pipeline.scoring.pool import judge_actor_options, training_worker_gpus
 
     d, j = cfg.distributed, cfg.judge
     judge = judge_actor_options(cfg)
@@ -192,9 +192,9 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from pipeline.reward_pool import start_pool, stop_pool
-    from pipeline.storage import run_store
-    from pipeline.train import init_ray
+    from pipeline.scoring.pool import start_pool, stop_pool
+    from pipeline.rundir.storage import run_store
+    from pipeline.training.driver import init_ray
 
     name, exp_dir = experiment_dir(cfg, name)
     store = run_store(cfg, exp_dir, name=name)  # <output.storage>/<name>/
@@ -226,7 +226,7 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     base_dict = base.to_dict()
     callbacks, mode = list(tune_callbacks), base.logging.console
     if log and mode != "verbose":  # the CLI's console: trial events and a live table instead of Tune's reporter
-        from pipeline.console import TrialBoard, tune_console_callback
+        from pipeline.console.trials import TrialBoard, tune_console_callback
 
         callbacks.append(tune_console_callback(TrialBoard(lambda p: describe_trial(space, base_dict, p), mode)))
 
@@ -418,17 +418,17 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
 def tune_cli(cfg: RunConfig, args) -> int:
     """`synth-grpo tune`: the search's lease (run_lease.py, on ``<output.root>/<name>/`` and its storage
     folder) is held from before anything of the search is written until the command returns."""
-    from pipeline.run_lease import run_holding_leases
+    from pipeline.rundir.lease import run_holding_leases
 
     return run_holding_leases("tune", lambda leases: _tune_cli(cfg, args, leases))
 
 
 def _tune_cli(cfg: RunConfig, args, leases) -> int:
-    from pipeline.data import DataError, check_source
-    from pipeline.run_lease import LeaseHeld
-    from pipeline.reward_pool import RewardPoolError
-    from pipeline.storage import StorageError, check_writable, name_problem, run_store
-    from pipeline.train import RayUnreachable, init_ray
+    from pipeline.data.sources import DataError, check_source
+    from pipeline.rundir.lease import LeaseHeld
+    from pipeline.scoring.pool import RewardPoolError
+    from pipeline.rundir.storage import StorageError, check_writable, name_problem, run_store
+    from pipeline.training.driver import RayUnreachable, init_ray
 
     if args.samples is not None and args.samples < 1:
         return cli_error("tune", f"--samples {args.samples}: must be >= 1")
@@ -457,7 +457,7 @@ def _tune_cli(cfg: RunConfig, args, leases) -> int:
                                      "output.storage and --name)")
     except (StorageError, LeaseHeld) as e:
         return cli_error("tune", e)
-    from pipeline.console import quiet_environment
+    from pipeline.console.live import quiet_environment
 
     quiet_environment(cfg.logging.console)
     try:

@@ -15,8 +15,8 @@ from matplotlib.figure import Figure
 
 from pipeline.config import scheduled_length
 from pipeline.diagnosis.rules import config_caps
-from pipeline.metric_names import CAP_METRIC, number
-from pipeline.run_files import write_atomic
+from pipeline.rundir.metric_names import CAP_METRIC, number
+from pipeline.rundir.files import write_atomic
 
 # which findings are marked on which plot
 _MARKS = {

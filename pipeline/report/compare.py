@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.cli_errors import cli_error
+from pipeline.errors import cli_error
 from pipeline.config import REWARD_COMPONENTS
-from pipeline.diagnosis.run_reader import RunDirError, load_run
-from pipeline.metric_names import CAP_METRIC, is_train_row
-from pipeline.plots import plot_series, save_png, series
-from pipeline.run_files import write_atomic
+from pipeline.report.run_reader import RunDirError, load_run
+from pipeline.rundir.metric_names import CAP_METRIC, is_train_row
+from pipeline.report.plots import plot_series, save_png, series
+from pipeline.rundir.files import write_atomic
 
 # metric -> "max" (higher is better), "min" (lower is better) or None (no better direction)
 TABLE_METRICS: dict[str, str | None] = {

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cli_errors import cli_error
+from pipeline.errors import cli_error
 from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
-from pipeline.inert import warn_inert
+from pipeline.plan.inert import warn_inert
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -93,33 +93,33 @@ def _inputs_of(args) -> str:
 def _run(args) -> int:
     try:
         if args.command == "build-tiny":
-            from pipeline.tiny import build_tiny_cli
+            from pipeline.data.tiny_models import build_tiny_cli
 
             return build_tiny_cli(args)
         if args.command == "doctor":
-            from pipeline.doctor import doctor_cli
+            from pipeline.report.doctor import doctor_cli
 
             return doctor_cli(args)
         if args.command == "compare":
-            from pipeline.compare import compare_cli
+            from pipeline.report.compare import compare_cli
 
             return compare_cli(args)
         cfg = load_config(args.config, args.overrides)
         if args.command in ("train", "tune"):  # before Ray: one warning line per setting that cannot change the run
             warn_inert(cfg)
-            from pipeline.train import bind_embedded_ray_to_loopback
+            from pipeline.training.driver import bind_embedded_ray_to_loopback
 
             bind_embedded_ray_to_loopback(args.address)
         if args.command == "train":
-            from pipeline.train import train_cli
+            from pipeline.training.driver import train_cli
 
             return train_cli(cfg, args)
         if args.command == "tune":
-            from pipeline.tune import tune_cli
+            from pipeline.tune.tuner import tune_cli
 
             return tune_cli(cfg, args)
         if args.command == "plan":
-            from pipeline.memory import plan_cli
+            from pipeline.plan.memory import plan_cli
 
             return plan_cli(cfg, args)
     except ConfigError as e:

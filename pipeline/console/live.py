@@ -17,20 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TextIO
 
-from transformers import TrainerCallback
-
-from pipeline.config import CONSOLE_MODES  # noqa: F401  (re-exported: the modes this module draws)
-from pipeline.metric_names import CAP_METRIC, is_train_row, number
-from pipeline.run_files import EVENTS, METRICS, append_event
+from pipeline.rundir.metric_names import CAP_METRIC, is_train_row, number
+from pipeline.rundir.files import EVENTS, METRICS
 
 HEADER_EVERY = 20  # table rows between repeated headers
 # (column title, metrics key, width, decimals)
@@ -48,7 +43,7 @@ def table_every(max_steps: int) -> int:
     return max(n for n in nice if n <= target)
 
 
-def _f(v: Any, nd: int = 3) -> str:
+def fmt_number(v: Any, nd: int = 3) -> str:
     n = number(v)
     return "-" if n is None else f"{n:.{nd}f}"
 
@@ -59,11 +54,11 @@ def _duration(s: float) -> str:
 
 
 def format_eval(row: Mapping[str, Any]) -> str:
-    comps = ", ".join(f"{k.split('/', 1)[1]} {_f(v)}" for k, v in row.items()
+    comps = ", ".join(f"{k.split('/', 1)[1]} {fmt_number(v)}" for k, v in row.items()
                       if k.startswith("eval/") and k not in ("eval/score", "eval/mean_length") and k != "step")
     length = row.get("eval/mean_length")
-    tail = f", mean length {_f(length, 1)}" if length is not None else ""
-    return f"[eval] step {row.get('step')}: eval/score {_f(row.get('eval/score'))} ({comps}{tail})"
+    tail = f", mean length {fmt_number(length, 1)}" if length is not None else ""
+    return f"[eval] step {row.get('step')}: eval/score {fmt_number(row.get('eval/score'))} ({comps}{tail})"
 
 
 def format_event(ev: Mapping[str, Any]) -> str:
@@ -155,15 +150,15 @@ class ConsoleRenderer:
     def table_row(self, row: Mapping[str, Any]) -> str:
         width = len(str(self.total)) * 2 + 1
         cells = [f"{str(row.get('step')) + '/' + str(self.total):>{width}}"]
-        cells += [f"{_f(row.get(k), nd):>{w}}" for _, k, w, nd in TABLE] + [f"{_f(self.sec_per_step(), 2):>6}"]
+        cells += [f"{fmt_number(row.get(k), nd):>{w}}" for _, k, w, nd in TABLE] + [f"{fmt_number(self.sec_per_step(), 2):>6}"]
         return "  ".join(cells)
 
     def progress_line(self) -> str:
         r = self.last
         step = r.get("step", 0)
-        parts = [f"step {step}/{self.total}", f"reward {_f(r.get('reward'))}", f"eval/score {_f(self.last_eval)}",
-                 f"entropy {_f(r.get('entropy'))}", f"clipped {_f(r.get('completions/clipped_ratio'), 2)}",
-                 f"cap {_f(r.get(CAP_METRIC), 0)}"]
+        parts = [f"step {step}/{self.total}", f"reward {fmt_number(r.get('reward'))}", f"eval/score {fmt_number(self.last_eval)}",
+                 f"entropy {fmt_number(r.get('entropy'))}", f"clipped {fmt_number(r.get('completions/clipped_ratio'), 2)}",
+                 f"cap {fmt_number(r.get(CAP_METRIC), 0)}"]
         sps = self.sec_per_step()
         if sps:
             parts += [f"{sps:.2f} s/step", f"ETA {_duration(sps * max(0, self.total - int(step)))}"]
@@ -267,64 +262,6 @@ def watch(run_dir: Path, mode: str, total_steps: int, stream: TextIO | None = No
         renderer.close()
 
 
-# ---------------------------------------------------------------- worker side
-
-
-class RunEvents(TrainerCallback):
-    """Rank 0: the run's events into events.jsonl as they happen: cap changes (from the length
-    control), health findings (from the health callback), checkpoints. Placed after both."""
-
-    def __init__(self, run_dir: Path, length_ctl=None, health=None):
-        self.run_dir = Path(run_dir)
-        self.length_ctl, self.health = length_ctl, health
-        self._changes = len(length_ctl.changes) if length_ctl is not None else 0
-        self._findings = len(health.findings) if health is not None else 0
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        if self.length_ctl is not None:
-            band = getattr(self.length_ctl, "band", None)
-            for step, old, new in self.length_ctl.changes[self._changes:]:
-                why = "schedule" if self.length_ctl.schedule else f"clipped ratio outside [{band[0]}, {band[1]}]"
-                append_event(self.run_dir, "length_cap", step=step, old=old, new=new, why=why)
-            self._changes = len(self.length_ctl.changes)
-        if self.health is not None:
-            for f in self.health.findings[self._findings:]:
-                append_event(self.run_dir, "finding", step=f.first_step, rule=f.rule, text=f.format())
-            self._findings = len(self.health.findings)
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.on_log(args, state, control)  # a scheduled cap is set at the step's start
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            append_event(self.run_dir, "checkpoint", step=state.global_step, name=f"checkpoint-{state.global_step:06d}")
-
-
-def quiet_worker(trainer, mode: str) -> None:
-    """Outside ``verbose``: no per-step dicts from TRL (transformers' ProgressCallback prints them
-    through tqdm, PrinterCallback with print), no tqdm bars, and no "Reporting training result"
-    line from Ray Train for every ray.train.report (its logger is named after its file, so the
-    run's LoggingConfig level does not reach it)."""
-    if mode == "verbose":
-        return
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    for cb in (ProgressCallback, PrinterCallback):
-        trainer.remove_callback(cb)
-    # transformers' own deprecated alias, read by the save path at every checkpoint: nothing here to change
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    with contextlib.suppress(Exception):
-        import datasets
-
-        datasets.disable_progress_bars()
-    with contextlib.suppress(Exception):
-        from ray.train.v2._internal.execution import context as train_context
-
-        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
-
-
 QUIET_ENV = {
     # Ray Train propagates it from the driver to its workers: in a Ray worker the print patch
     # prints every line twice, once itself and once through the root logger's console handler.
@@ -349,128 +286,3 @@ def ray_logging_config(mode: str):
 
     quiet_environment(mode)
     return LoggingConfig(log_level="INFO" if mode == "verbose" else "WARNING")
-
-
-# ---------------------------------------------------------------- Ray Tune
-
-
-class TrialBoard:
-    """The tune console: one line per trial event (started, evaluated, finished, failed) and a
-    table of trials (id, params, step, eval/score, state), redrawn in place on a terminal,
-    printed again every ``every_s`` seconds when it changed otherwise."""
-
-    def __init__(self, describe: Callable[[Mapping[str, Any]], str], mode: str = "progress",
-                 stream: TextIO | None = None, tty: bool | None = None, every_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self.describe, self.mode = describe, mode
-        self.stream = stream or sys.stdout
-        isatty = getattr(self.stream, "isatty", lambda: False)
-        self.live = mode == "progress" and (isatty() if tty is None else tty)
-        self.every_s, self.clock = every_s, clock
-        self.trials: dict[str, dict[str, Any]] = {}
-        self._drawn_lines = 0
-        self._changed = False
-        self._last_print = clock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Tune pickles its callbacks with the experiment state; a terminal stream does not pickle.
-        state = dict(self.__dict__)
-        state["stream"] = None if state["stream"] in (sys.stdout, sys.stderr) or not hasattr(state["stream"], "getvalue") \
-            else state["stream"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if self.stream is None:
-            self.stream = sys.stdout
-
-    def _write(self, line: str, data: Mapping[str, Any]) -> None:
-        self._erase()
-        self.stream.write((json.dumps(dict(data), ensure_ascii=False) if self.mode == "json" else line) + "\n")
-        self.stream.flush()
-        self._changed = True
-        self._redraw()
-
-    def _erase(self) -> None:
-        if self._drawn_lines:
-            self.stream.write(f"\033[{self._drawn_lines}F\033[J")
-            self._drawn_lines = 0
-
-    def _redraw(self) -> None:
-        if self.live and self.trials:
-            text = self.table()
-            self.stream.write(text + "\n")
-            self.stream.flush()
-            self._drawn_lines = text.count("\n") + 1
-
-    def start(self, trial_id: str, config: Mapping[str, Any]) -> None:
-        params = self.describe(config)
-        self.trials.setdefault(trial_id, {"params": params, "step": None, "score": None})["state"] = "running"
-        self._write(f"[trial] {trial_id} started: {params}", {"trial": trial_id, "event": "start", "params": params})
-
-    def result(self, trial_id: str, result: Mapping[str, Any]) -> None:
-        t = self.trials.setdefault(trial_id, {"params": "", "state": "running"})
-        t["step"], t["score"] = result.get("step"), result.get("eval/score", t.get("score"))
-        self._write(f"[trial] {trial_id} step {t['step']}: eval/score {_f(t['score'])}",
-                    {"trial": trial_id, "event": "result", "step": t["step"], "eval/score": t["score"]})
-
-    def complete(self, trial_id: str, failed: str | None = None) -> None:
-        t = self.trials.setdefault(trial_id, {"params": "", "step": None, "score": None})
-        t["state"] = "error" if failed else "finished"
-        line = (f"[trial] {trial_id} failed: {failed}" if failed
-                else f"[trial] {trial_id} finished at step {t.get('step')}: eval/score {_f(t.get('score'))}")
-        self._write(line, {"trial": trial_id, "event": t["state"], "step": t.get("step"), "eval/score": t.get("score"),
-                           **({"error": failed} if failed else {})})
-
-    def tick(self) -> None:
-        """Called on every Tune loop iteration: without a terminal, the table again once a minute if it changed."""
-        if self.mode == "json" or self.live or not self._changed or self.clock() - self._last_print < self.every_s:
-            return
-        self.stream.write(self.table() + "\n")
-        self.stream.flush()
-        self._changed, self._last_print = False, self.clock()
-
-    def close(self) -> None:
-        self._erase()
-        self.stream.flush()
-
-    def table(self) -> str:
-        head = ["trial", "params", "step", "eval/score", "state"]
-        body = [[tid, t.get("params", ""), "-" if t.get("step") is None else str(t["step"]), _f(t.get("score")),
-                 t.get("state", "")] for tid, t in self.trials.items()]
-        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-        fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-        return "\n".join([fmt(head), *(fmt(b) for b in body)])
-
-
-def tune_console_callback(board: TrialBoard):
-    """A Ray Tune callback (it runs in the driver's tune loop) feeding ``board``."""
-    from ray.tune import Callback
-
-    class TuneConsole(Callback):  # a console problem must never fail the search: each hook swallows its errors
-        def on_trial_start(self, iteration, trials, trial, **info):
-            with contextlib.suppress(Exception):
-                board.start(trial.trial_id, trial.config)
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            with contextlib.suppress(Exception):
-                if "eval/score" in result:
-                    board.result(trial.trial_id, result)
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            with contextlib.suppress(Exception):
-                board.complete(trial.trial_id)
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            with contextlib.suppress(Exception):
-                board.complete(trial.trial_id, failed=str(getattr(trial, "error_file", None) or "see the trial's error.txt"))
-
-        def on_step_end(self, iteration, trials, **info):
-            with contextlib.suppress(Exception):
-                board.tick()
-
-        def on_experiment_end(self, trials, **info):
-            with contextlib.suppress(Exception):
-                board.close()
-
-    return TuneConsole()

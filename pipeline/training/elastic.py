@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.run_files import EVENTS, append_event, read_metrics
+from pipeline.rundir.files import EVENTS, append_event, read_metrics
 
 if TYPE_CHECKING:  # annotations only: config.validate imports this module
     from pipeline.config import RunConfig
@@ -158,7 +158,7 @@ def to_universal(checkpoint_dir: Path, dest: Path) -> None:
 
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
-    from pipeline.storage import file_rank
+    from pipeline.rundir.storage import file_rank
 
     tag = (Path(checkpoint_dir) / "latest").read_text().strip()
     # The converter takes every partition file in the folder: links to this checkpoint's group's only

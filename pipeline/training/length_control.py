@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from transformers import TrainerCallback
 
 from pipeline.config import RunConfig, scheduled_length
-from pipeline.metric_names import CAP_METRIC
+from pipeline.rundir.metric_names import CAP_METRIC
 
 
 def smoothed_ratio(clipped: float, n: int) -> float:

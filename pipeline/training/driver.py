@@ -1,6 +1,6 @@
 """`synth-grpo train`: Ray (embedded or a cluster), the reward pool, a Ray Train TorchTrainer.
 
-The run directory (its layout: ``pipeline/run_files.py``) is the contract with everything
+The run directory (its layout: ``pipeline/rundir/files.py``) is the contract with everything
 downstream (doctor, tune, benchmarks): the resolved ``config.yaml``, ``metrics.jsonl``,
 ``samples.jsonl``, ``adapter/``, and Ray Train's checkpoints under ``ray_train/`` (kept K; a rerun
 with the same run name resumes from them).
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli_errors import cli_error
+from pipeline.errors import cli_error
 from pipeline.config import ConfigError, RunConfig
-from pipeline.metric_names import CAP_METRIC, is_train_row
-from pipeline.run_files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
+from pipeline.rundir.metric_names import CAP_METRIC, is_train_row
+from pipeline.rundir.files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
                                 WORKER_FILES, append_event, read_metrics, write_atomic)
 
 
@@ -65,7 +65,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     unless ``allow_config_change``: a changed setting must not be silently ignored by a resume.
     """
     from pipeline.config import read_yaml, resume_changes
-    from pipeline.storage import run_store
+    from pipeline.rundir.storage import run_store
 
     run_dir.mkdir(parents=True, exist_ok=True)
     store = store or run_store(cfg, run_dir)  # given: a trial's folder in its search's storage (a Tune trial)
@@ -163,11 +163,11 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
     from ray.train import CheckpointConfig, FailureConfig, RunConfig as RayRunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from pipeline.console import ray_logging_config
-    from pipeline.elastic import scaling_num_workers
-    from pipeline.reward_pool import training_worker_gpus
-    from pipeline.storage import run_store
-    from pipeline.worker import train_loop_per_worker
+    from pipeline.console.live import ray_logging_config
+    from pipeline.training.elastic import scaling_num_workers
+    from pipeline.scoring.pool import training_worker_gpus
+    from pipeline.rundir.storage import run_store
+    from pipeline.training.worker import train_loop_per_worker
 
     d = cfg.distributed
     store = store or run_store(cfg, run_dir)
@@ -198,7 +198,7 @@ def gpu_length_ceiling(cfg: RunConfig) -> int | None:
     if not (cfg.adaptive_length and cfg.generation.adaptive.ceiling is None and cfg.distributed.use_gpu):
         return None
     try:
-        from pipeline.memory import detect_gpu_gib, max_completion_length_ceiling
+        from pipeline.plan.memory import detect_gpu_gib, max_completion_length_ceiling
 
         gib = detect_gpu_gib()
         return max_completion_length_ceiling(cfg, gib) if gib else None
@@ -241,8 +241,8 @@ def summarize(run_dir: Path) -> str:
 
 def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOutcome:
     """Train one run end to end on the current Ray (starts a pool when none is given)."""
-    from pipeline.reward_pool import start_pool, stop_pool
-    from pipeline.storage import run_store
+    from pipeline.scoring.pool import start_pool, stop_pool
+    from pipeline.rundir.storage import run_store
 
     own_pool = pool is None
     if own_pool:
@@ -268,16 +268,16 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
 def train_cli(cfg: RunConfig, args) -> int:
     """`synth-grpo train`: the run's lease (run_lease.py) is held from before the run directory is
     written until the command returns, whatever way it returns."""
-    from pipeline.run_lease import run_holding_leases
+    from pipeline.rundir.lease import run_holding_leases
 
     return run_holding_leases("train", lambda leases: _train_cli(cfg, args, leases))
 
 
 def _train_cli(cfg: RunConfig, args, leases) -> int:
-    from pipeline.data import DataError, check_source
-    from pipeline.run_lease import LeaseHeld
-    from pipeline.reward_pool import RewardPoolError
-    from pipeline.storage import StorageError, check_writable, name_problem, run_store
+    from pipeline.data.sources import DataError, check_source
+    from pipeline.rundir.lease import LeaseHeld
+    from pipeline.scoring.pool import RewardPoolError
+    from pipeline.rundir.storage import StorageError, check_writable, name_problem, run_store
 
     run_dir = Path(args.run_dir).expanduser() if args.run_dir else default_run_dir(cfg)
     # The run's name keys its folder in output.storage: one plain folder name, so the run directory is
@@ -293,7 +293,7 @@ def _train_cli(cfg: RunConfig, args, leases) -> int:
               file=sys.stderr)
     run_dir = run_dir.resolve()
     if cfg.distributed.use_gpu:
-        from pipeline.memory import warn_if_not_fits
+        from pipeline.plan.memory import warn_if_not_fits
 
         warning = warn_if_not_fits(cfg)
         if warning:
@@ -317,7 +317,7 @@ def _train_cli(cfg: RunConfig, args, leases) -> int:
         return cli_error("train", f"{field}: cannot write the run directory {run_dir}: "
                                   f"{e.strerror or e} ({e.filename or run_dir})")
     print(f"[run] {'resuming' if resumed else 'starting'} {run_dir}")
-    from pipeline.console import quiet_environment, watch
+    from pipeline.console.live import quiet_environment, watch
 
     quiet_environment(cfg.logging.console)
     try:

@@ -41,8 +41,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.cli_errors import cli_error
-from pipeline.run_files import EVENTS, LEASE, append_event
+from pipeline.errors import cli_error
+from pipeline.rundir.files import EVENTS, LEASE, append_event
 
 HEARTBEAT_ENV, STALE_ENV, SETTLE_ENV = "SYNTH_GRPO_LEASE_HEARTBEAT_S", "SYNTH_GRPO_LEASE_STALE_S", "SYNTH_GRPO_LEASE_SETTLE_S"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import TINY_POLICY, ConfigError, RunConfig, config_from_dict
-from pipeline.data import DataError
-from pipeline.metric_names import CAP_METRIC
-from pipeline.run_files import (ADAPTER_DIR, EVAL_SAMPLES, FATAL_FILE, HEALTH, LENGTH_CHANGES, METRICS, SAMPLES,
+from pipeline.data.sources import DataError
+from pipeline.rundir.metric_names import CAP_METRIC
+from pipeline.rundir.files import (ADAPTER_DIR, EVAL_SAMPLES, FATAL_FILE, HEALTH, LENGTH_CHANGES, METRICS, SAMPLES,
                                 TRAINER_DIR, WORKER_FILES, append_event, read_metrics, write_atomic)
 
 # Errors a retry cannot fix: the same data, model and config fail the same way on every attempt.
@@ -28,7 +28,7 @@ NOT_RETRYABLE = (ConfigError, DataError, OSError)
 
 def resolve_policy_path(cfg: RunConfig) -> str:
     if cfg.model.name_or_path == TINY_POLICY:
-        from pipeline.tiny import ensure_tiny
+        from pipeline.data.tiny_models import ensure_tiny
 
         return str(ensure_tiny())
     return cfg.model.name_or_path
@@ -45,7 +45,7 @@ def precision_flags(cfg: RunConfig, on_gpu: bool) -> dict[str, bool]:
 
 def deepspeed_config(cfg: RunConfig, load_universal: bool = False) -> dict[str, Any] | None:
     """ZeRO stage 1-3 (and CPU offload); "auto" values are filled in from the TrainingArguments.
-    ``load_universal``: the resume reads a universal checkpoint (pipeline.elastic.reshard)."""
+    ``load_universal``: the resume reads a universal checkpoint (pipeline.training.elastic.reshard)."""
     d = cfg.distributed
     if d.zero_stage == 0:
         return None
@@ -139,7 +139,7 @@ def lora_config(cfg: RunConfig):
 
 def _restore_length_state(run_dir: Path, step: int, length_ctl, truncate: bool) -> None:
     """Resume: every rank restores the same cap from metrics.jsonl; rank 0 also drops rows past the checkpoint."""
-    from pipeline.run_callbacks import truncate_jsonl
+    from pipeline.training.callbacks import truncate_jsonl
 
     rows = [r for r in read_metrics(run_dir / METRICS) if r.get("step", 0) <= step]
     if truncate:
@@ -184,11 +184,11 @@ def build_grpo_trainer(cfg: RunConfig, run_dir: Path, tokenizer, model, train_re
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from pipeline.data import to_trl_rows
+    from pipeline.data.sources import to_trl_rows
 
     extra = {}
     if cfg.grpo.dynamic_sampling.enabled:  # DAPO dynamic sampling: a GRPOTrainer subclass
-        from pipeline.dynamic_sampling import DynamicSamplingGRPOTrainer as GRPOTrainer
+        from pipeline.training.dynamic_sampling import DynamicSamplingGRPOTrainer as GRPOTrainer
 
         extra["dynamic_sampling"] = cfg.grpo.dynamic_sampling
     return GRPOTrainer(
@@ -208,16 +208,16 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import torch
 
-    from pipeline.console import RunEvents, quiet_worker
-    from pipeline.data import load_records
-    from pipeline.elastic import deepspeed_resume, for_world_size, record_world_size, reshard_for_group, resized
-    from pipeline.health import HealthCallback
-    from pipeline.length_control import CompletionLengthControl, reference_floor
-    from pipeline.reward_clients import make_pool_reward_funcs
-    from pipeline.run_callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks
+    from pipeline.training.events import RunEvents, quiet_worker
+    from pipeline.data.sources import load_records
+    from pipeline.training.elastic import deepspeed_resume, for_world_size, record_world_size, reshard_for_group, resized
+    from pipeline.training.health import HealthCallback
+    from pipeline.training.length_control import CompletionLengthControl, reference_floor
+    from pipeline.scoring.clients import make_pool_reward_funcs
+    from pipeline.training.callbacks import Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks
     from pyarrow.fs import LocalFileSystem
 
-    from pipeline.storage import RunFileSync, remove_unregistered_checkpoints, retry_cannot_fix, sync_callback
+    from pipeline.rundir.storage import RunFileSync, remove_unregistered_checkpoints, retry_cannot_fix, sync_callback
     from rewards.judge import SelfJudge
 
     rank, local_rank = ray.train.get_context().get_world_rank(), ray.train.get_context().get_local_rank()
@@ -237,7 +237,7 @@ def train_loop_per_worker(config: dict) -> None:
         return
     run_dir = Path(config["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)  # a node's own disk may not have it yet
-    store = config.get("store")  # pipeline.storage.RunStorage with output.storage, else None
+    store = config.get("store")  # pipeline.rundir.storage.RunStorage with output.storage, else None
     if store is not None and ray.train.get_checkpoint() is not None:
         if local_rank == 0:  # one copy per node; this node may never have seen the run
             store.pull(run_dir, WORKER_FILES)
