@@ -130,7 +130,7 @@ class EosReward(RewardFunc):
 
 def scored_components(weights: Mapping[str, float]) -> list[str]:
     """The components a run scores, in the fixed order rouge_l, length, judge, eos: the one rule for both
-    factories (these in-process functions and the reward pool's clients in ``pipeline.reward_clients``).
+    factories (these in-process functions and the reward pool's clients in ``pipeline.scoring.clients``).
 
     TRL computes every reward function it is given and logs ``rewards/<name>/mean`` for each, whatever
     its weight. A cheap component (rouge_l, length, eos) is kept even at weight 0 (or absent from
