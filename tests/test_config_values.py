@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 import pytest
+import yaml
 from annotated_types import Ge, Gt, Le, Lt
 
 from pipeline.config import (ATTN_IMPLEMENTATIONS, HUB_KERNEL, LORA_ALL_LINEAR, LR_SCHEDULERS, REPORT_TO, ConfigError,
@@ -98,6 +99,30 @@ def test_each_number_out_of_range_is_refused_naming_the_field(path, value):
                for p in e.value.problems), e.value.problems
 
 
+def _float_fields() -> list[str]:
+    """Every float field of the models by its dotted path (a weights mapping by one of its components)."""
+    paths = [p for p, tp in _leaves(RunConfig) if (k := _numeric(tp)) and k[0] is float]
+    return [p + ".rouge_l" if typing.get_origin(typing.get_type_hints(_section(p))[p.rsplit(".", 1)[1]]) is dict else p
+            for p in paths]
+
+
+@pytest.mark.parametrize("text", [".nan", ".inf", "-.inf"])
+def test_nan_and_infinities_are_refused_for_every_float_field_from_yaml_and_set(text, tmp_path):
+    """YAML's .nan/.inf/-.inf, in a file and through --set, for all float fields at once: each named."""
+    floats = _float_fields()
+    assert len(floats) > 25 and "grpo.beta" in floats and "rewards.weights.rouge_l" in floats
+    data: dict = {}
+    for path in floats:
+        set_path(data, path, text)
+    path = tmp_path / "nan.yaml"
+    path.write_text(yaml.safe_dump(data).replace(f"'{text}'", text), encoding="utf-8")
+    for args in ((path, None), (None, [f"{p}={text}" for p in floats])):
+        with pytest.raises(ConfigError) as e:
+            load_config(*args)
+        named = {p.split(":", 1)[0] for p in e.value.problems if "must be a finite number" in p}
+        assert named == set(floats), (sorted(set(floats) - named), e.value.problems)
+
+
 @pytest.mark.parametrize("path,value", [("optimization.max_grad_norm", 0), ("generation.top_p", 1), ("generation.top_k", 0),
                                         ("judge.max_retries", 0), ("judge.max_restarts", -1), ("distributed.max_failures", -1),
                                         ("optimization.seed", 2**32 - 1), ("data.max_prompt_length", 1),
@@ -140,7 +165,7 @@ def test_names_the_libraries_accept_pass(override):
 
 
 def test_the_name_lists_are_those_of_the_installed_libraries():
-    """The copies in pipeline/config.py (importing transformers at startup costs seconds) against the originals."""
+    """The copies in pipeline/config/schema.py (importing transformers at startup costs seconds) against the originals."""
     from peft.utils.constants import INCLUDE_LINEAR_LAYERS_SHORTHAND
     from transformers.integrations.hub_kernels import is_kernel
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK

@@ -2,7 +2,7 @@
 
 ``FIELD_TESTS`` maps each field (dotted, as ``--set`` spells it) to a test that changes the field
 and sees the run change, or to ``"planner-only: ..."`` / ``"hub-only: ..."`` with the reason.
-Adding a field to ``pipeline/config.py`` without an entry fails ``test_every_field_is_covered``.
+Adding a field to ``pipeline/config/schema.py`` without an entry fails ``test_every_field_is_covered``.
 The seam tests below cover the fields that reach TRL, PEFT, DeepSpeed and Ray Train's objects.
 """
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import cli_error
-from pipeline.config import TINY_POLICY, RunConfig
+from pipeline.config import TINY_POLICY, RunConfig, divides_into_groups, worker_range
 
 GIB = 1024**3
 HEADROOM = 0.05  # "fits" leaves 5% of the GPU free for estimation error
@@ -546,12 +546,11 @@ def _inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> _Inp
         judge_bytes = _MINILM_PARAMS * 4
     attn = cfg.model.attn_implementation or "sdpa"
     o = cfg.optimization
-    from pipeline.training.elastic import worker_range  # an elastic run plans for its fewest workers (largest ZeRO shards)
-
     return _Inputs(
         shape=resolve_shape(cfg.model.name_or_path, cfg.model.revision),
         judge=(judge_bytes, jshape), judge_batch=(j.max_batch_size, j.max_input_tokens),
-        num_gpus=num_gpus or worker_range(cfg)[0], zero_stage=cfg.distributed.zero_stage,
+        num_gpus=num_gpus or worker_range(cfg)[0],  # an elastic run plans for its fewest workers (largest ZeRO shards)
+        zero_stage=cfg.distributed.zero_stage,
         offload_optimizer=cfg.distributed.offload_optimizer, offload_params=cfg.distributed.offload_params,
         wbytes=4 if prec == "fp32" else 2,  # auto = bf16 on a GPU
         lora=cfg.lora.enabled, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout,
@@ -575,7 +574,7 @@ def batch_for_generations(x: _Inputs, g: int, g0: int, b0: int) -> int:
     """Per-device batch for g generations keeping the config's prompts per round (b0/g0 per device),
     raised until TRL's rule holds: batch * num_gpus * steps_per_generation divisible by g."""
     b = max(1, math.ceil(b0 * g / g0))
-    while (b * x.num_gpus * x.steps_per_generation) % g:
+    while not divides_into_groups(b * x.num_gpus * x.steps_per_generation, g):
         b += 1
     return b
 

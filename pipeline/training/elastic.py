@@ -4,98 +4,19 @@ Ray Train V2 runs the worker group at any size in [min, max] (``ScalingConfig(nu
 max))``): a lost node restarts the group smaller from the latest checkpoint, returning capacity
 grows it again. So that the training dynamics do not depend on how many nodes are alive, the
 samples per optimizer step (per-device batch x workers x gradient accumulation) stay those of the
-full size: gradient accumulation (and TRL's steps_per_generation) grow as workers go. A range
-where that does not divide for some count is refused in the config (exit 2), never rounded.
+full size: gradient accumulation (and TRL's steps_per_generation) grow as workers go. That
+arithmetic, and the refusal of a range where it does not divide, is pipeline.config.batch's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from pipeline.config import (  # noqa: F401 (re-exported: the worker, driver and tuner import them from here)
+    accumulation_for, for_world_size, samples_per_step, scaling_num_workers, worker_range)
 from pipeline.rundir.files import EVENTS, append_event, read_metrics
-
-if TYPE_CHECKING:  # annotations only: config.validate imports this module
-    from pipeline.config import RunConfig
-
-
-def worker_range(cfg: RunConfig) -> tuple[int, int]:
-    n = cfg.distributed.num_workers
-    return (int(n[0]), int(n[1])) if isinstance(n, (list, tuple)) else (int(n), int(n))
-
-
-def scaling_num_workers(cfg: RunConfig) -> int | tuple[int, int]:
-    """What Ray Train's ScalingConfig takes: an int, or (min, max) for an elastic group."""
-    lo, hi = worker_range(cfg)
-    return lo if lo == hi else (lo, hi)
-
-
-def samples_per_step(cfg: RunConfig) -> int:
-    """Completions per optimizer step at the full size: the invariant of an elastic run."""
-    _, hi = worker_range(cfg)
-    return cfg.optimization.per_device_train_batch_size * hi * cfg.optimization.gradient_accumulation_steps
-
-
-def accumulation_for(cfg: RunConfig, world_size: int) -> tuple[int, int | None]:
-    """(gradient_accumulation_steps, steps_per_generation) on ``world_size`` workers.
-
-    The configured values are those of the full size (max workers); ValueError if they do not scale.
-    """
-    _, hi = worker_range(cfg)
-    ga, spg = cfg.optimization.gradient_accumulation_steps, cfg.generation.steps_per_generation
-    if (ga * hi) % world_size or (spg and (spg * hi) % world_size):
-        raise ValueError(f"{world_size} workers cannot keep {samples_per_step(cfg)} samples per optimizer step")
-    return ga * hi // world_size, (spg * hi // world_size if spg else None)
-
-
-def for_world_size(cfg: RunConfig, world_size: int) -> RunConfig:
-    """The worker's view of ``cfg`` on a group of ``world_size``: that count of workers, and gradient
-    accumulation adapted to it (so everything that counts completions per step sees the real group)."""
-    lo, hi = worker_range(cfg)
-    if lo == hi:
-        return cfg
-    out = copy.deepcopy(cfg)
-    out.optimization.gradient_accumulation_steps, out.generation.steps_per_generation = accumulation_for(cfg, world_size)
-    out.distributed.num_workers = world_size
-    return out
-
-
-def problems(cfg: RunConfig) -> list[str]:
-    """Config problems of ``distributed.num_workers`` (for config.validate)."""
-    n = cfg.distributed.num_workers
-    if isinstance(n, list):
-        if len(n) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in n):
-            return [f"distributed.num_workers: {n!r} must be a count or [min, max]"]
-        if not 1 <= n[0] <= n[1]:
-            return [f"distributed.num_workers: {n!r} needs 1 <= min <= max"]
-    elif n < 1:
-        return [f"distributed.num_workers: {n} must be >= 1"]
-    if isinstance(n, list) and n[0] != n[1] and cfg.distributed.zero_stage == 3:
-        return [f"distributed.num_workers: {n!r} with distributed.zero_stage 3: ZeRO-3 partitions the weights "
-                "themselves, which a group of another size cannot load; use zero_stage 0-2 for an elastic run"]
-    lo, hi = worker_range(cfg)
-    if cfg.optimization.gradient_accumulation_steps < 1 or (cfg.generation.steps_per_generation or 1) < 1:
-        return []
-    bad = [k for k in range(lo, hi + 1) if _does_not_divide(cfg, k)]
-    if bad:
-        o = cfg.optimization
-        return [f"distributed.num_workers: {n!r} keeps {samples_per_step(cfg)} samples per optimizer step "
-                f"(per_device_train_batch_size {o.per_device_train_batch_size} x {hi} workers x "
-                f"gradient_accumulation_steps {o.gradient_accumulation_steps}), which {', '.join(map(str, bad))} "
-                f"worker(s) cannot split into whole accumulation steps; raise optimization.gradient_accumulation_steps "
-                f"(or steps_per_generation) to a multiple of the worker counts, or narrow the range"]
-    return []
-
-
-def _does_not_divide(cfg: RunConfig, k: int) -> bool:
-    try:
-        accumulation_for(cfg, k)
-        return False
-    except ValueError:
-        return True
 
 
 def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print) -> dict:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from pipeline.config import (REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict, did_you_mean, get_path,
-                             read_yaml, set_path, yaml_number)
+from pipeline.config import (REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict, did_you_mean, divides_into_groups,
+                             get_path, read_yaml, set_path, yaml_number)
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint")
 SIMPLEX = "simplex"
@@ -165,7 +165,7 @@ def fit_batch_to_groups(data: dict[str, Any]) -> int | None:
     ints = (num_gen, batch, workers, spg)
     if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in ints):
         return None  # config validation names the bad field
-    if (batch * workers * spg) % num_gen == 0:
+    if divides_into_groups(batch * workers * spg, num_gen):
         return None
     step = num_gen // math.gcd(num_gen, workers * spg)
     new = -(-batch // step) * step
