@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 import subprocess
 import sys
 import time
@@ -43,6 +45,16 @@ def test_every_field_has_a_default():
     cfg = RunConfig()  # constructs with no arguments: every field has a default
     for section in dataclasses.fields(cfg):
         assert dataclasses.is_dataclass(getattr(cfg, section.name))
+
+
+def test_a_config_survives_pickling_and_copying_as_ray_sends_it():
+    """Ray pickles the RunConfig to workers and Tune trials; the worker adapts a deep copy (elastic groups)."""
+    cfg = load_config(None, ["distributed.num_workers=[1, 2]", "optimization.gradient_accumulation_steps=2"])
+    back = pickle.loads(pickle.dumps(cfg))
+    assert back == cfg and type(back) is RunConfig and back.to_yaml() == cfg.to_yaml()
+    copied = copy.deepcopy(cfg)
+    copied.grpo.beta = 0.5
+    assert cfg.grpo.beta == 0.0 and copied.grpo.beta == 0.5
 
 
 def test_overrides_parse_types():
