@@ -47,15 +47,13 @@ REPORT_TO = ("azure_ml", "comet_ml", "mlflow", "neptune", "tensorboard", "tracki
 LORA_ALL_LINEAR = "all-linear"  # PEFT's shorthand for every linear layer but the output head
 MODULE_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a lora.target_modules entry: a module name or its last parts
 
-# One folder name: what output.run_name, `tune --name` and the last part of --run-dir must match (fullmatch),
-# and neither "." nor "..", so a run directory stays inside its root and its storage key is the name itself.
 # The note on a reward term's range: a penalty is a positive number, subtracted.
 SIGNED = "it is applied with its sign"
 
 
 # Every number has a declared range (annotated_types' Ge/Gt/Le/Lt, which pydantic enforces; a string in the
 # annotation says what an edge value means), every name list is a Literal. Pydantic checks types strictly (no
-# "1" for 1, no true for 1; an int is a float), ranges, finiteness (allow_inf_nan=False) and unknown keys;
+# "1" for 1, no true for 1; an int passes as a float and is kept as written), ranges, finiteness (allow_inf_nan=False) and unknown keys;
 # pipeline/config/build.py turns its errors into lines; rules across fields are pipeline/config/checks.py.
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
