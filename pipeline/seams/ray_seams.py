@@ -1,5 +1,5 @@
-"""Ray seams: a logger of Ray Train's private execution context and the environment switch that keeps
-an embedded Ray on loopback. Written against ray 2.60.0 (pinned to 2.60.x in pyproject.toml);
+"""Ray seams: a logger of Ray Train's private execution context, its print-patch switch, and the
+environment switch that keeps an embedded Ray on loopback. Written against ray 2.60.0 (pinned to 2.60.x in pyproject.toml);
 tests/test_seams.py and tests/test_secure_defaults.py check their effect.
 
 Nothing here imports Ray at module level: ``bind_embedded_ray_to_loopback`` must run before Ray is imported."""
@@ -9,6 +9,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+
+
+# ray 2.60.0: Ray Train V2's switch for its print patch, propagated from the driver to its workers: in
+# a Ray worker the patch prints every line twice, once itself and once through the root logger's
+# console handler. An internal variable (``ray.train.v2._internal.constants``); if Ray renames it, each
+# worker line is printed twice again outside verbose mode, nothing breaks.
+NO_TRAIN_PRINT_PATCH = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
 
 def quiet_train_report_logger() -> None:
