@@ -62,7 +62,7 @@ class GenerateAndScoreHooks:
         self._metrics["train"][name].append(value)
 
     @property
-    def pad_token_id(self) -> int | None:
+    def trl_pad_token_id(self) -> int | None:
         """The pad id TRL pads completions with (its ``_tokenizer``: the processing class's tokenizer)."""
         return self._tokenizer.pad_token_id
 

@@ -179,7 +179,7 @@ class DynamicSamplingGRPOTrainer(GenerateAndScoreHooks, GRPOTrainer):
             offsets.append(off)
             off += rounds[ri][1].numel()
             total.append(rounds[ri][1])
-        pad_id = self.pad_token_id
+        pad_id = self.trl_pad_token_id
         for k in row_keys:
             parts = [everyone[p][ri][k] for ri in range(len(rounds)) for p in range(P)]
             pool[k] = _cat_padded(parts, left=k.startswith("prompt"), value=pad_id if k.endswith("_ids") else 0)
