@@ -328,9 +328,9 @@ def test_learning_rate_follows_the_configured_warmup(trained):
     assert got[:3] == pytest.approx([0.0, LR / 2, LR])
 
 
-def _one_group(trainer) -> list[dict]:
-    """One prompt, num_generations times: the rows one rollout step of the fixture's trainer takes."""
-    return [dict(trainer.train_dataset[0]) for _ in range(trainer.num_generations)]
+def _one_group(trainer, prompts: int = 1) -> list[dict]:
+    """Rows for one rollout step of the fixture's trainer: each prompt num_generations times."""
+    return [dict(trainer.train_dataset[i]) for i in range(prompts) for _ in range(trainer.num_generations)]
 
 
 def _completion_lengths(out: dict) -> list[int]:
@@ -344,9 +344,9 @@ def test_the_length_cap_reaches_trl_generation(trained):
     trainer, _, _ = trained
     assert hasattr(trainer, "use_vllm") and not trainer.use_vllm
     try:
-        for cap in (3, 6):
+        for cap in (2, 5):
             apply_max_completion_length(trainer, cap)
-            out = trl_seams.generate_and_score(trainer, _one_group(trainer))
+            out = trl_seams.generate_and_score(trainer, _one_group(trainer, prompts=2))
             lengths = _completion_lengths(out)
             assert out["completion_ids"].shape[1] <= cap and max(lengths) == cap, (cap, lengths)  # cut at the cap
     finally:
