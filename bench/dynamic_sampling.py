@@ -56,6 +56,7 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rat
     from transformers import TrainerCallback
 
     from pipeline.data.sources import load_records
+    from pipeline.seams.trl_seams import observe_rewards
     from pipeline.training.dynamic_sampling import group_std
     from pipeline.training.length_control import CompletionLengthControl
     from pipeline.scoring.clients import make_pool_reward_funcs
@@ -89,15 +90,11 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rat
     G = cfg.generation.num_generations
     stds: list[float] = []  # per trained group
     if not dynamic:  # every generated group is trained: record them as TRL scores them
-        calc = trainer._calculate_rewards
-
-        def record(*a, **k):
-            r = calc(*a, **k)
+        def record(r):
             total = (r * trainer.reward_weights.to(r.device)).nansum(dim=1).float().cpu()
             stds.extend(group_std(total, G).tolist())
-            return r
 
-        trainer._calculate_rewards = record
+        observe_rewards(trainer, record)
     trainer.train()
     if dynamic:
         stds = [s for t in trainer.dynamic_sampling_trace for s in t["trained_std"]]

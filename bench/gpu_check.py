@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.plan import memory as M  # noqa: E402
 from pipeline.config import REPO_ROOT, ConfigError, load_config  # noqa: E402
+from pipeline.seams.trl_seams import replace_rollout_methods, rollout_methods  # noqa: E402
 
 GIB = M.GIB
 BUILD_VERSION = 1  # bump when the model/tokenizer recipe below changes (the model cache is keyed by it)
@@ -292,8 +293,8 @@ class Probe:
     def attach(self, trainer) -> None:
         from transformers import TrainerCallback
 
-        probe, generate_one, gen_and_score, step = (self, trainer._generate_single_turn,
-                                                     trainer._generate_and_score_completions, trainer.training_step)
+        probe, step = self, trainer.training_step
+        generate_one, gen_and_score = rollout_methods(trainer)
 
         def generate_single_turn(prompt_ids, *args, **kwargs):
             start, t0 = probe._start()
@@ -328,8 +329,7 @@ class Probe:
                 probe.rec["steps"].append(time.perf_counter() - (probe._step_t0 or time.perf_counter()))
                 probe.count_persistent(trainer)
 
-        trainer._generate_single_turn = generate_single_turn
-        trainer._generate_and_score_completions = generate_and_score
+        replace_rollout_methods(trainer, generate_single_turn, generate_and_score)
         trainer.training_step = training_step
         trainer.add_callback(StepTimer())
 

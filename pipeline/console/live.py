@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, TextIO
 
 from pipeline.rundir.metric_names import CAP_METRIC, is_train_row, number
 from pipeline.rundir.files import EVENTS, METRICS
+from pipeline.seams.ray_seams import NO_TRAIN_PRINT_PATCH
 
 HEADER_EVERY = 20  # table rows between repeated headers
 # (column title, metrics key, width, decimals)
@@ -263,9 +264,7 @@ def watch(run_dir: Path, mode: str, total_steps: int, stream: TextIO | None = No
 
 
 QUIET_ENV = {
-    # Ray Train propagates it from the driver to its workers: in a Ray worker the print patch
-    # prints every line twice, once itself and once through the root logger's console handler.
-    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    **NO_TRAIN_PRINT_PATCH,  # a Ray worker would print every line twice (pipeline.seams.ray_seams)
     # transformers' "Loading weights" and datasets' bars in every actor (inherited by a local Ray's workers)
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",

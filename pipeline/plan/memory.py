@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import math
 import re
@@ -22,6 +21,7 @@ from typing import Any
 
 from pipeline.errors import cli_error
 from pipeline.config import TINY_POLICY, RunConfig, divides_into_groups, worker_range
+from pipeline.seams.trl_seams import fuses_lm_head
 
 GIB = 1024**3
 HEADROOM = 0.05  # "fits" leaves 5% of the GPU free for estimation error
@@ -335,18 +335,6 @@ class _Inputs:
     refill_oversample: float | None = None  # grpo.dynamic_sampling.oversample when enabled, else None
 
 
-def trl_fuses_lm_head() -> bool:
-    """TRL releases with `add_fused_lm_head` score completions in [4096 x 32768] tiles and never build the
-    [tokens, vocab] logits; older ones do. Read the source instead of importing TRL (seconds) to decide."""
-    spec = importlib.util.find_spec("trl")
-    if spec is None or not spec.origin:
-        return False
-    try:
-        return "def add_fused_lm_head" in (Path(spec.origin).parent / "trainer" / "utils.py").read_text()
-    except OSError:
-        return False
-
-
 def _n(count: float) -> str:
     """8030261248 -> '8.03B', 83886080 -> '83.9M', 5120 -> '5.1K'."""
     for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
@@ -560,7 +548,7 @@ def _inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> _Inp
         completion_len=completion_length(cfg), beta=cfg.grpo.beta,
         vllm_util=cfg.generation.vllm_gpu_memory_utilization if cfg.generation.backend == "vllm" else None,
         attn="flash" if "flash" in attn else ("eager" if attn == "eager" else "sdpa"),
-        fused_logits=trl_fuses_lm_head(), gpu_gib=gpu_gib,
+        fused_logits=fuses_lm_head(), gpu_gib=gpu_gib,
         refill_oversample=cfg.grpo.dynamic_sampling.oversample if cfg.grpo.dynamic_sampling.enabled else None,
     )
 

@@ -15,6 +15,8 @@ from transformers import TrainerCallback
 from pipeline.config import REWARD_COMPONENTS, RunConfig
 from pipeline.rundir import eval_samples
 from pipeline.rundir.files import METRICS, SAMPLES, read_metrics, write_atomic
+from pipeline.seams.trl_seams import logged_samples
+from pipeline.seams.transformers_seams import tensorboard_writer
 
 METRIC_PREFIX = "synth_grpo_"
 
@@ -75,23 +77,6 @@ class MetricsSink(TrainerCallback):
                 self.ray_metrics = False
 
 
-TRL_LOG_KEYS = ("prompt", "completion", "rewards", "extra")
-
-
-def trl_logs(trainer) -> dict:
-    """TRL's private per-step sample buffer (GRPOTrainer._logs: prompts, completions, per-function rewards,
-    extra dataset columns). No public API exposes it; tests/test_seams.py pins its shape, and a TRL that
-    moved it fails here by name instead of writing no samples."""
-    logs = getattr(trainer, "_logs", None)
-    missing = [k for k in TRL_LOG_KEYS if not isinstance(logs, dict) or k not in logs]
-    if missing:
-        from importlib.metadata import version
-
-        raise RuntimeError(f"samples.jsonl: GRPOTrainer._logs ({', '.join(missing)}) is gone in trl {version('trl')}; "
-                           "use the TRL version pinned in pyproject.toml (tests/test_seams.py checks it)")
-    return logs
-
-
 class SamplesWriter(TrainerCallback):
     """samples.jsonl every N steps, from TRL's own completion log (prompt, completion, per-component rewards)."""
 
@@ -107,7 +92,7 @@ class SamplesWriter(TrainerCallback):
             return
         from rewards.trl_rewards import completion_text
 
-        tlogs = trl_logs(self.trainer)
+        tlogs = logged_samples(self.trainer)
         prompts, completions = list(tlogs["prompt"]), list(tlogs["completion"])
         extra = {k: list(v) for k, v in tlogs["extra"].items()}
         rewards = {k: list(v) for k, v in tlogs["rewards"].items()}
@@ -395,9 +380,7 @@ def to_tensorboard(trainer, step: int, rows: Sequence[Mapping[str, Any]]) -> boo
 
     for cb in trainer.callback_handler.callbacks:
         if isinstance(cb, TensorBoardCallback):
-            if cb.tb_writer is None:
-                cb._init_summary_writer(trainer.args)
-            if cb.tb_writer is None or not rows:
+            if tensorboard_writer(cb, trainer.args) is None or not rows:
                 return False
             cb.tb_writer.add_text("eval/samples", "\n".join(eval_samples.markdown(step, rows)), global_step=step)
             cb.tb_writer.flush()

@@ -21,6 +21,7 @@ from pipeline.config import ConfigError, RunConfig
 from pipeline.rundir.metric_names import CAP_METRIC, is_train_row
 from pipeline.rundir.files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
                                 WORKER_FILES, append_event, read_metrics, write_atomic)
+from pipeline.seams.ray_seams import bind_embedded_ray_to_loopback  # noqa: F401  (the CLI's name for it)
 
 
 class FatalRunError(RuntimeError):
@@ -123,19 +124,6 @@ def _wait_for_gcs(address: str, timeout_s: float) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.5)
-
-
-def bind_embedded_ray_to_loopback(address: str | None) -> None:
-    """Where this process will start an embedded Ray, make its node listen on 127.0.0.1 only.
-
-    A local run needs no port reachable from the network, and Ray's ports run code for whoever reaches
-    them. Ray 2.60 binds its GCS, raylet and workers to the node's IP, found from the network unless
-    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is off (Ray's switch for single-machine platforms), which
-    Ray reads when it is imported: so this runs before anything imports ray, and its child processes
-    inherit it. Joining a cluster (``--address``, ``RAY_ADDRESS``) leaves the environment as it is.
-    """
-    if not (address or os.environ.get("RAY_ADDRESS")):
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 class RayUnreachable(RuntimeError):

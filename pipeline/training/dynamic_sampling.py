@@ -8,9 +8,11 @@ generated from fresh prompts, for at most ``max_rounds`` extra rounds per genera
 
 How it is built (every choice is about keeping TRL's own step intact):
 
-- Scoring: each round is one call of TRL's ``_generate_and_score_completions``, so generation,
-  the reward pool, advantages (per group), logps and TRL's metrics are TRL's. The gathered rewards
-  of all ranks are captured from ``_calculate_rewards``; every rank therefore computes the same
+- Scoring: each round is one call of TRL's own rollout step (``trl_generate_and_score``), so
+  generation, the reward pool, advantages (per group), logps and TRL's metrics are TRL's. The
+  gathered rewards of all ranks are captured from TRL's reward calculation (``gathered_rewards``);
+  both are TRL private methods, reached only through ``pipeline.seams.trl_seams.GenerateAndScoreHooks``
+  (the override must be a method of the trainer's class). Every rank therefore computes the same
   keep/drop decision and the same number of refill rounds, which matters because generation and
   the reward gather are collective.
 - Fresh prompts: an extra draw over the train dataset from ``numpy.random.default_rng([seed,
@@ -51,6 +53,8 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
+from pipeline.seams.trl_seams import GenerateAndScoreHooks
+
 SEQUENCE_MEAN_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")
 METRIC = "dynamic_sampling/"
 
@@ -83,25 +87,19 @@ def _cat_padded(parts: list[torch.Tensor], left: bool, value: float) -> torch.Te
     return torch.cat(out)
 
 
-class DynamicSamplingGRPOTrainer(GRPOTrainer):
+class DynamicSamplingGRPOTrainer(GenerateAndScoreHooks, GRPOTrainer):
     """GRPOTrainer whose training batches contain only groups with reward std >= min_std."""
 
     def __init__(self, *args, dynamic_sampling, **kwargs):
         super().__init__(*args, **kwargs)
         self.ds = dynamic_sampling
-        self._ds_rewards: torch.Tensor | None = None
         self._ds_keys: list[str] | None = None
         # One entry per generation: the prompt keys of the batch, each round's refills and what was trained.
         self.dynamic_sampling_trace: list[dict[str, Any]] = []
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._ds_rewards = rewards  # gathered over all processes: the same on every rank
-        return rewards
-
     def _total_reward(self) -> torch.Tensor:
         """The weighted total per row, before any scaling, as TRL sums it (NaN if unscorable)."""
-        r = self._ds_rewards
+        r = self.gathered_rewards
         total = (r * self.reward_weights.to(r.device).unsqueeze(0)).nansum(dim=1)
         total[torch.isnan(r).all(dim=1)] = torch.nan
         return total.float().cpu()
@@ -119,13 +117,13 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
             fresh += order[: n_total - len(fresh)]
         return fresh
 
-    def _generate_and_score_completions(self, inputs):
+    def generate_and_score(self, inputs):
         if not self.model.training or not self.ds.enabled:
-            return super()._generate_and_score_completions(inputs)
+            return self.trl_generate_and_score(inputs)
         G, P, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         min_std = self.ds.min_std
 
-        out = super()._generate_and_score_completions(inputs)
+        out = self.trl_generate_and_score(inputs)
         rounds = [(out, self._total_reward(), len(inputs))]
         keep = [keep_mask(rounds[0][1], G, min_std)]
         n_groups = keep[0].numel()
@@ -145,7 +143,7 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
             trace["refills"].append(keys)
             mine = [self.train_dataset[i] for i in idx[rank * per_rank : (rank + 1) * per_rank]]
             refill_inputs = [dict(row) for row in mine for _ in range(G)]
-            o = super()._generate_and_score_completions(refill_inputs)
+            o = self.trl_generate_and_score(refill_inputs)
             rounds.append((o, self._total_reward(), len(refill_inputs)))
             k = keep_mask(rounds[-1][1], G, min_std)
             keep.append(k)
@@ -157,13 +155,10 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
         final = self._assemble(rounds, keep, n_groups, trace)
         kept_total = sum(int(k.sum()) for k in keep)  # surplus kept refills (beyond the batch) count as kept
         missing = n_groups - len(trace["kept"])
-        m = self._metrics["train"]
-        m[METRIC + "dropped_groups"].append(float(dropped))
-        m[METRIC + "rounds"].append(float(r))
-        m[METRIC + "frac_kept"].append(kept_total / generated)
-        m[METRIC + "extra_generation_seconds"].append(extra_seconds)
-        m[METRIC + "short_step"].append(float(missing > 0))
-        m[METRIC + "missing_groups"].append(float(missing))
+        for name, value in (("dropped_groups", float(dropped)), ("rounds", float(r)),
+                            ("frac_kept", kept_total / generated), ("extra_generation_seconds", extra_seconds),
+                            ("short_step", float(missing > 0)), ("missing_groups", float(missing))):
+            self.log_train_metric(METRIC + name, value)
         if missing and self.accelerator.is_main_process:
             print(f"[dynamic_sampling] step {self.state.global_step + 1}: {missing} of {n_groups} groups missing after "
                   f"{r} extra round(s) (std < {min_std}); training short on the kept groups")
@@ -184,7 +179,7 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
             offsets.append(off)
             off += rounds[ri][1].numel()
             total.append(rounds[ri][1])
-        pad_id = self._tokenizer.pad_token_id
+        pad_id = self.trl_pad_token_id
         for k in row_keys:
             parts = [everyone[p][ri][k] for ri in range(len(rounds)) for p in range(P)]
             pool[k] = _cat_padded(parts, left=k.startswith("prompt"), value=pad_id if k.endswith("_ids") else 0)

@@ -10,13 +10,20 @@ arithmetic, and the refusal of a range where it does not divide, is pipeline.con
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from pathlib import Path
 
 from pipeline.config import (  # noqa: F401 (re-exported: the worker, driver and tuner import them from here)
     accumulation_for, for_world_size, samples_per_step, scaling_num_workers, worker_range)
 from pipeline.rundir.files import EVENTS, append_event, read_metrics
+from pipeline.rundir.storage import file_rank
+from pipeline.seams.deepspeed_seams import zero_to_universal, zero_world_size
+from pipeline.seams.transformers_seams import deepspeed_resume_from
+
+# DeepSpeed's record of the ranks that wrote a ZeRO checkpoint (None: no ZeRO); HF's DeepSpeed resume
+# for a group of another size (weights, and the optimizer state when resharded): seams, see their docstrings
+checkpoint_world_size = zero_world_size
+deepspeed_resume = deepspeed_resume_from
 
 
 def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print) -> dict:
@@ -38,29 +45,6 @@ def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print
     return {"event": event, **fields}
 
 
-def checkpoint_world_size(checkpoint_dir: Path) -> int | None:
-    """How many data-parallel ranks wrote the ZeRO partitions of an HF checkpoint (None: no ZeRO), as
-    DeepSpeed recorded it in the step's model states: counting partition files would also count any a
-    dead group left in the folder. Memory-mapped, so a full model's weights in that file are not read.
-    ``weights_only``: the file may come from storage others can write, and this read needs no pickled code
-    (DeepSpeed's own load of the same checkpoint unpickles in full: docs/cluster.md, "Trust")."""
-    import torch
-
-    latest = Path(checkpoint_dir) / "latest"
-    if not latest.is_file():
-        return None
-    step_dir = Path(checkpoint_dir) / latest.read_text().strip()
-    # ZeRO-1/2 write one model-states file; ZeRO-3 one per rank
-    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
-        if (step_dir / name).is_file():
-            try:
-                states = torch.load(step_dir / name, map_location="cpu", mmap=True, weights_only=True)
-            except RuntimeError:  # written by torch's legacy serialization, which cannot be memory-mapped
-                states = torch.load(step_dir / name, map_location="cpu", weights_only=True)
-            return int(states["dp_world_size"])
-    return None
-
-
 def resized(checkpoint_dir: Path, world_size: int) -> int | None:
     """The checkpoint's ZeRO rank count when it differs from ``world_size`` (None: same, or no ZeRO)."""
     saved = checkpoint_world_size(checkpoint_dir)
@@ -72,15 +56,8 @@ def to_universal(checkpoint_dir: Path, dest: Path) -> None:
 
     It holds each parameter's fp32 weights and Adam moments whole (``zero/<name>/exp_avg.pt``), so a
     group of any size can load its own partitions from it; ``dest/latest_universal`` names the step.
-    HF's checkpoints lack the version record DeepSpeed's converter asks for, hence inject_missing_state.
+    The converter itself is a DeepSpeed seam (``pipeline.seams.deepspeed_seams.zero_to_universal``).
     """
-    import argparse
-    import io
-
-    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
-
-    from pipeline.rundir.storage import file_rank
-
     tag = (Path(checkpoint_dir) / "latest").read_text().strip()
     # The converter takes every partition file in the folder: links to this checkpoint's group's only
     source, ranks = Path(dest) / "source" / tag, checkpoint_world_size(checkpoint_dir)
@@ -88,11 +65,7 @@ def to_universal(checkpoint_dir: Path, dest: Path) -> None:
     for f in (Path(checkpoint_dir) / tag).iterdir():
         if f.is_file() and (file_rank(f.name) or 0) < ranks:
             (source / f.name).symlink_to(f.resolve())
-    args = argparse.Namespace(input_folder=str(source), output_folder=str(Path(dest) / f"{tag}_universal"),
-                              num_extract_workers=1, num_merge_workers=1,  # no process pool inside a Ray worker
-                              keep_temp_folder=False, strict=True, inject_missing_state=True)
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress bars
-        ds_to_universal(args)
+    zero_to_universal(source, Path(dest) / f"{tag}_universal")
     shutil.rmtree(Path(dest) / "source")
 
 
@@ -139,32 +112,3 @@ def reshard_for_group(checkpoint_dir: Path, dest: Path, local_rank: int, step: i
                 "weights, schedule and step are kept")
         append_event(run_dir, "optimizer_reset", step=step, previous=previous, num_workers=world, reason=failed)
     return None if failed else dest
-
-
-@contextlib.contextmanager
-def deepspeed_resume(universal: Path | None):
-    """HF's DeepSpeed resume for a group of another size than the checkpoint's.
-
-    DeepSpeed refuses ZeRO partitions written by another number of ranks ("Automatic adjustment of
-    ZeRO's optimizer state partitioning ... not currently supported"). With ``universal`` (see
-    reshard; the engine's config must have ``checkpoint.load_universal``) the engine loads weights
-    and optimizer state from it, partitioned for this group. Without, it loads the weights only
-    (``load_optimizer_states=False``): the fp32 copy is rebuilt from them, the Adam moments start
-    again. Either way HF restores the LR schedule, the step and the RNG from the checkpoint itself.
-    """
-    import transformers.trainer as hf_trainer
-
-    original = hf_trainer.deepspeed_load_checkpoint
-
-    def load(engine, checkpoint_path, load_module_strict=True):
-        load_path, _ = engine.load_checkpoint(str(universal or checkpoint_path), load_module_strict=load_module_strict,
-                                              load_optimizer_states=universal is not None,
-                                              load_lr_scheduler_states=True)
-        if load_path is None:
-            raise ValueError(f"[deepspeed] failed to resume from checkpoint {universal or checkpoint_path}")
-
-    hf_trainer.deepspeed_load_checkpoint = load
-    try:
-        yield
-    finally:
-        hf_trainer.deepspeed_load_checkpoint = original

@@ -5,13 +5,13 @@ from the run directory, ``pipeline.console.live``)."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import warnings
 from pathlib import Path
 
 from transformers import TrainerCallback
 
 from pipeline.rundir.files import append_event
+from pipeline.seams.ray_seams import quiet_train_report_logger
 
 class RunEvents(TrainerCallback):
     """Rank 0: the run's events into events.jsonl as they happen: cap changes (from the length
@@ -62,7 +62,4 @@ def quiet_worker(trainer, mode: str) -> None:
         import datasets
 
         datasets.disable_progress_bars()
-    with contextlib.suppress(Exception):
-        from ray.train.v2._internal.execution import context as train_context
-
-        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+    quiet_train_report_logger()

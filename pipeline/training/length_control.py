@@ -1,11 +1,10 @@
 """Completion-length control: a fixed schedule or an adaptive cap, applied where generation reads it.
 
 The seed's callback set ``args.max_completion_length``, which TRL copies at start-up, so its
-completions stayed at 160 tokens. TRL's generation reads ``trainer.max_completion_length`` (and
-the loss normalisation of dr_grpo), ``trainer.generation_config.max_new_tokens`` and
-``trainer.generation_kwargs`` (HF generate), and the vLLM generator's sampling parameters; all are
-set here. The adaptive mode follows the clipped ratio: when every completion in a group is cut,
-every length-based reward is equal within the group and GRPO gets no signal from it. A rule that
+completions stayed at 160 tokens. The cap is set on every trainer attribute TRL's generation reads
+(``apply_max_completion_length``: the TRL seam ``pipeline.seams.trl_seams.set_generation_cap``).
+The adaptive mode follows the clipped ratio: when every completion in a group is cut, every
+length-based reward is equal within the group and GRPO gets no signal from it. A rule that
 stepped the cap on 3 steps of 8 completions cycled 8 -> 24 -> 8 on the default run: the ratio of 8
 completions is too noisy, so the estimate pools completions and only a significant miss moves it.
 """
@@ -20,6 +19,10 @@ from transformers import TrainerCallback
 
 from pipeline.config import RunConfig, scheduled_length
 from pipeline.rundir.metric_names import CAP_METRIC
+from pipeline.seams.trl_seams import set_generation_cap
+
+# Every attribute TRL's generation reads, set mid-run (the seam: pipeline.seams.trl_seams)
+apply_max_completion_length = set_generation_cap
 
 
 def smoothed_ratio(clipped: float, n: int) -> float:
@@ -83,44 +86,6 @@ def adaptive_next(cap: int, side: int, estimate: float, step: int, floor: int, c
         return cap
     move = max(step, abs(round(estimate) - cap))
     return min(ceiling, cap + move) if side > 0 else max(floor, cap - move)
-
-
-def _seam_gone(what: str) -> RuntimeError:
-    """These are TRL's private attributes (tests/test_seams.py pins them): fail loudly, never cap nothing."""
-    try:
-        from importlib.metadata import version
-
-        trl = f"trl {version('trl')}"
-    except Exception:  # pragma: no cover
-        trl = "this trl"
-    return RuntimeError(f"length control: {what} is gone in {trl}, so the completion-length cap would not reach "
-                        "generation; use the TRL version pinned in pyproject.toml (tests/test_seams.py checks it)")
-
-
-def apply_max_completion_length(trainer, length: int) -> None:
-    """Set every attribute TRL's generation reads (see module docstring); raises if one is gone."""
-    if not hasattr(trainer, "max_completion_length"):
-        raise _seam_gone("GRPOTrainer.max_completion_length")
-    trainer.max_completion_length = length
-    trainer.args.max_completion_length = length  # for anything that reads args later (and for the record)
-    vllm = getattr(trainer, "vllm_generation", None)
-    if getattr(trainer, "use_vllm", False):
-        if vllm is None or not hasattr(vllm, "max_completion_length"):
-            raise _seam_gone("GRPOTrainer.vllm_generation.max_completion_length")
-    else:
-        gen_cfg, kwargs = getattr(trainer, "generation_config", None), getattr(trainer, "generation_kwargs", None)
-        if gen_cfg is None or not hasattr(gen_cfg, "max_new_tokens"):
-            raise _seam_gone("GRPOTrainer.generation_config (its max_new_tokens)")
-        if not isinstance(kwargs, dict):
-            raise _seam_gone("GRPOTrainer.generation_kwargs")
-        gen_cfg.max_new_tokens = length
-        kwargs["max_new_tokens"] = length
-    if vllm is not None:
-        if hasattr(vllm, "max_completion_length"):
-            vllm.max_completion_length = length
-        sampling = getattr(vllm, "sampling_params", None)
-        if sampling is not None and hasattr(sampling, "max_tokens"):
-            sampling.max_tokens = length
 
 
 def reference_floor(references: Sequence[str], tokenizer, quantile: float) -> int:
