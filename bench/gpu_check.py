@@ -16,8 +16,8 @@ CPU (`--device cpu`): the same plumbing with tiny shapes in fp32, for CI. The we
 optimizer terms, counted from the real tensors inside the Ray Train worker, must equal the planner's to
 the byte (`exact_terms_ok`); on a GPU the same check runs in bf16.
 
-    python bench/gpu_check.py --minutes 8 --out results/          # one GPU machine, table
-    python bench/gpu_check.py --device cpu --json --out /tmp/gc     # CI: tiny shapes, JSON
+    python -m bench.gpu_check --minutes 8 --out results/          # one GPU machine, table
+    python -m bench.gpu_check --device cpu --json --out /tmp/gc     # CI: tiny shapes, JSON
 
 Exit codes: 0 all cases that ran passed and the exact terms match; 1 a case failed or a term differs;
 2 bad arguments (before Ray or any model starts).
@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -42,15 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from pipeline.plan import memory as M  # noqa: E402
-from pipeline.config import REPO_ROOT, ConfigError, load_config  # noqa: E402
+from bench.common import print_json
+from pipeline.config import REPO_ROOT, ConfigError, DataSection, load_config
+from pipeline.data.sources import load_records
+from pipeline.data.tiny_models import CHAT_TEMPLATE, train_byte_level_bpe
+from pipeline.plan import memory as M
+import pipeline.training.worker as worker
+from pipeline.training.driver import init_ray, prepare_run_dir, run_training
 
 GIB = M.GIB
 BUILD_VERSION = 1  # bump when the model/tokenizer recipe below changes (the model cache is keyed by it)
@@ -100,9 +99,7 @@ def cpu_mode() -> Mode:
 
 def training_texts() -> list[str]:
     """Questions, answers and contexts of the bundled data, the system prompt and the judge's rubric."""
-    from pipeline.config import DataSection
-    from pipeline.data.sources import load_records
-    from rewards.judge import RUBRIC
+    from rewards.judge import RUBRIC  # lazy: imports torch and transformers
 
     train, held, _ = load_records(DataSection(source="bundled"), log=None)
     texts = [t for r in train + held for t in (r["question"], r["reference"], r.get("context") or "") if t]
@@ -115,8 +112,6 @@ def padded_tokenizer(texts: list[str], vocab_size: int):
     3-byte strings no merge produces: encoding is unchanged, decoding gives random bytes."""
     from tokenizers import Tokenizer, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-
-    from pipeline.data.tiny_models import CHAT_TEMPLATE, train_byte_level_bpe
 
     trained = train_byte_level_bpe(texts, min(TOKENIZER_TRAINED_SIZE, vocab_size), extra_special=CHAT_SPECIALS)
     data = json.loads(trained.backend_tokenizer.to_str())
@@ -361,8 +356,6 @@ def probed_train_loop(config: dict) -> None:
     trainer it builds. Runs in the Ray Train worker; the measurements land in the run directory."""
     import ray.train
 
-    import pipeline.training.worker as worker
-
     probe = Probe(Path(config["run_dir"]), ray.train.get_context().get_world_rank())
     build = worker.build_grpo_trainer
 
@@ -394,8 +387,6 @@ def pickled_by_value():
 def probed_worker_loop():
     """`pipeline.training.driver.build_trainer` starts `pipeline.training.worker.train_loop_per_worker`; point it at the probed
     loop for this run only (the workers import the unmodified module and the probed loop calls into it)."""
-    import pipeline.training.worker as worker
-
     original = worker.train_loop_per_worker
     worker.train_loop_per_worker = probed_train_loop
     try:
@@ -408,23 +399,13 @@ def probed_worker_loop():
 
 
 def _bench_rewards():
-    """bench/rewards.py (the seed's generate-and-parse judge and its parser), loaded by path."""
-    path = Path(__file__).resolve().parent / "rewards.py"
-    name = "synth_grpo_bench_rewards"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """bench/rewards.py: the seed's generate-and-parse judge and its parser."""
+    return importlib.import_module("bench.rewards")
 
 
 def judge_batches(batch_size: int, n: int) -> list[tuple[list[str], list[str], list[str]]]:
     """Groups of 8 candidates per bundled question: its reference, sentences of it, other answers."""
     import random
-
-    from pipeline.config import DataSection
-    from pipeline.data.sources import load_records
 
     rows, _, _ = load_records(DataSection(source="bundled"), log=None)
     rng = random.Random(0)
@@ -604,8 +585,6 @@ def case_json(c: Case) -> dict[str, Any]:
 def run_case(case: Case, cfg, pool, gpu_gib: float | None, num_gpus: int, log) -> dict[str, Any]:
     import ray
 
-    from pipeline.training.driver import prepare_run_dir, run_training
-
     run_dir = Path(cfg.output.root) / cfg.output.run_name
     shutil.rmtree(run_dir, ignore_errors=True)
     prepare_run_dir(cfg, run_dir, log=None)
@@ -746,8 +725,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from pipeline.scoring.pool import start_pool, stop_pool
-    from pipeline.training.driver import init_ray
+    from pipeline.scoring.pool import start_pool, stop_pool  # lazy: imports ray
 
     init_ray(None, log=log)
     log(f"[gpu_check] random-init models ({mode.policy.source}, {mode.judge.source}) under {work}")
@@ -823,7 +801,10 @@ def main(argv: list[str] | None = None) -> int:
     text = format_report(res)
     (out / "gpu_check.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "gpu_check.txt").write_text(text + "\n")
-    print(json.dumps(res, default=str) if args.json else text, flush=True)
+    if args.json:
+        print_json(res, indent=None, default=str)
+    else:
+        print(text, flush=True)
     failed = [c for c in cases if c.status == "failed"]
     return 0 if ran and not failed and res["exact_terms_ok"] else 1
 
