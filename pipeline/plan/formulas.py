@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from pipeline.plan.gpus import GIB
-from pipeline.plan.shapes import ModelShape, _lora_targets, lora_param_count
+from pipeline.plan.shapes import ModelShape, lora_param_count, targeted_linears
 
 HEADROOM = 0.05  # "fits" leaves 5% of the GPU free for estimation error
 CUDA_CONTEXT_GIB = 1.0  # CUDA context + cuBLAS workspaces + NCCL buffers (not seen by torch's allocator)
@@ -16,7 +16,7 @@ JUDGE_CONTEXT_GIB = 0.5  # a same-GPU judge is another Ray process: its own CUDA
 
 
 @dataclass(frozen=True)
-class _Inputs:
+class PlanInputs:
     shape: ModelShape
     judge: tuple[int, ModelShape | None]  # (judge parameter bytes on this GPU, judge shape for its forward)
     judge_batch: tuple[int, int]  # (max_batch_size, max_input_tokens)
@@ -43,7 +43,7 @@ class _Inputs:
     refill_oversample: float | None = None  # grpo.dynamic_sampling.oversample when enabled, else None
 
 
-def _n(count: float) -> str:
+def human_count(count: float) -> str:
     """8030261248 -> '8.03B', 83886080 -> '83.9M', 5120 -> '5.1K'."""
     for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if count >= div:
@@ -51,14 +51,14 @@ def _n(count: float) -> str:
     return str(int(count))
 
 
-def _layer_activation_bytes(x: _Inputs, seq: int, mask_bytes: int = 1) -> int:
+def layer_activation_bytes(x: PlanInputs, seq: int, mask_bytes: int = 1) -> int:
     """Bytes autograd keeps per token in one decoder layer. Method of Korthikanti et al. 2022, "Reducing
     Activation Recomputation in Large Transformer Models" (sec. 4: count every tensor saved for backward),
     applied to Llama's RMSNorm + GQA attention + SwiGLU + LoRA instead of GPT's block. Exact against
     saved-tensor hooks on CPU (tests); `mask_bytes`: dropout mask per element, bool on CUDA, float on CPU."""
     s, a = x.shape, x.wbytes
     h, q, kv, i = s.hidden_size, s.q_dim, s.kv_dim, s.intermediate_size
-    targets = _lora_targets(x.lora_targets, s) if x.lora else []
+    targets = targeted_linears(x.lora_targets, s) if x.lora else []
     full = not x.lora
     # RMSNorm upcasts to fp32 and keeps that copy (4h) and rsqrt (4) for backward; two norms per layer.
     # A trainable norm weight also keeps the normalized input.
@@ -95,7 +95,7 @@ def _layer_activation_bytes(x: _Inputs, seq: int, mask_bytes: int = 1) -> int:
     return total
 
 
-def _estimate(x: _Inputs) -> tuple[dict[str, int], dict[str, str], str]:
+def estimate(x: PlanInputs) -> tuple[dict[str, int], dict[str, str], str]:
     """Per-GPU bytes of every component, a note on each, and which phase peaks."""
     c: dict[str, int] = {}
     why: dict[str, str] = {}
@@ -111,7 +111,7 @@ def _estimate(x: _Inputs) -> tuple[dict[str, int], dict[str, str], str]:
     return c, why, phase
 
 
-def _weight_terms(x: _Inputs, c: dict[str, int], why: dict[str, str]) -> None:
+def _weight_terms(x: PlanInputs, c: dict[str, int], why: dict[str, str]) -> None:
     """Weights, gradients, optimizer states and the reference model, each sharded as the ZeRO stage says."""
     s, a, k = x.shape, x.wbytes, x.num_gpus
     n_params = s.param_count()
@@ -133,28 +133,28 @@ def _weight_terms(x: _Inputs, c: dict[str, int], why: dict[str, str]) -> None:
     base_b = a if x.lora else wb  # the frozen base in the compute dtype; full fine-tuning's weights as trained
     c["base_weights"] = live if offloaded else n_params * base_b // shard
     why["base_weights"] = ("ZeRO-3 offloaded to CPU; two gathered modules stay" if offloaded
-                           else f"{_n(n_params)} {'frozen' if x.lora else 'trainable'} params x {base_b} B{sharded}")
+                           else f"{human_count(n_params)} {'frozen' if x.lora else 'trainable'} params x {base_b} B{sharded}")
     c["lora_weights"] = 0 if offloaded or not x.lora else n_train * wb // shard
-    why["lora_weights"] = f"{_n(n_train)} params (r={x.lora_r}) x {wb} B{sharded}" if x.lora else "lora.enabled false"
+    why["lora_weights"] = f"{human_count(n_train)} params (r={x.lora_r}) x {wb} B{sharded}" if x.lora else "lora.enabled false"
     grad_shard = k if x.zero_stage >= 2 else 1
     c["gradients"] = n_train * gb // grad_shard
     if x.zero_stage == 0 and k > 1:
         c["gradients"] *= 2  # DDP's reducer keeps its own bucket copy of the gradients
-    why["gradients"] = f"{_n(n_train)} x {gb} B" + (f" / {k} (ZeRO-{x.zero_stage})" if grad_shard > 1 else "") + (
+    why["gradients"] = f"{human_count(n_train)} x {gb} B" + (f" / {k} (ZeRO-{x.zero_stage})" if grad_shard > 1 else "") + (
         " x 2 (DDP buckets)" if x.zero_stage == 0 and k > 1 else "")
     opt_shard = k if x.zero_stage >= 1 else 1
     c["optimizer_states"] = 0 if x.offload_optimizer else n_train * ob // opt_shard
     why["optimizer_states"] = "offloaded to CPU" if x.offload_optimizer else (
-        f"{_n(n_train)} x {ob} B (Adam" + (" + fp32 master)" if ob == 12 else ")") + (f" / {k} (ZeRO-{x.zero_stage})" if opt_shard > 1 else ""))
+        f"{human_count(n_train)} x {ob} B (Adam" + (" + fp32 master)" if ob == 12 else ")") + (f" / {k} (ZeRO-{x.zero_stage})" if opt_shard > 1 else ""))
 
     # Reference model for the KL term: with LoRA TRL disables the adapters on the same weights (no copy);
     # without LoRA it holds a second full model, partitioned like the policy under ZeRO-3.
     c["reference_model"] = n_params * a // shard if x.beta > 0 and not x.lora else 0
     why["reference_model"] = ("beta = 0: none" if x.beta <= 0 else "LoRA: base with adapters disabled, no copy"
-                              if x.lora else f"full copy, {_n(n_params)} x {a} B")
+                              if x.lora else f"full copy, {human_count(n_params)} x {a} B")
 
 
-def _judge_term(x: _Inputs, c: dict[str, int], why: dict[str, str]) -> None:
+def _judge_term(x: PlanInputs, c: dict[str, int], why: dict[str, str]) -> None:
     # Judge sharing this GPU: its weights, its own CUDA context, and one no-grad forward over a scoring batch
     # (one layer's intermediates at a time, then last-position logits in fp32).
     judge_bytes, jshape = x.judge
@@ -169,7 +169,7 @@ def _judge_term(x: _Inputs, c: dict[str, int], why: dict[str, str]) -> None:
                     if judge_bytes else "not on this GPU (judge.placement own_gpu/none, or judge 'self')")
 
 
-def _generation_terms(x: _Inputs, c: dict[str, int], why: dict[str, str]) -> None:
+def _generation_terms(x: PlanInputs, c: dict[str, int], why: dict[str, str]) -> None:
     """The KV cache and transients of generate(), or colocated vLLM's reservation; after `_weight_terms`
     (ZeRO-3 gathers the weights it sharded)."""
     s, a = x.shape, x.wbytes
@@ -205,7 +205,7 @@ def _generation_terms(x: _Inputs, c: dict[str, int], why: dict[str, str]) -> Non
     why["generation_transient"] = "prefill of one layer + sampling logits" + (" + ZeRO-3 gathered weights" if x.zero_stage == 3 else "")
 
 
-def _training_terms(x: _Inputs, c: dict[str, int], why: dict[str, str]) -> None:
+def _training_terms(x: PlanInputs, c: dict[str, int], why: dict[str, str]) -> None:
     """Activations and logits of one training micro-batch."""
     s, a = x.shape, x.wbytes
     seq = x.prompt_len + x.completion_len
@@ -213,7 +213,7 @@ def _training_terms(x: _Inputs, c: dict[str, int], why: dict[str, str]) -> None:
     # every layer keeps its tensors; with it only each layer's input (a*h) plus one recomputed layer. One
     # more layer's worth is the backward working set (activation gradients); + the final norm.
     tokens = x.batch * seq
-    per_layer = _layer_activation_bytes(x, seq)
+    per_layer = layer_activation_bytes(x, seq)
     extra = 4 * s.hidden_size + 4  # final RMSNorm
     if x.grad_ckpt:
         c["activations"] = tokens * (s.num_layers * a * s.hidden_size + 2 * per_layer + extra)
@@ -233,11 +233,11 @@ def _training_terms(x: _Inputs, c: dict[str, int], why: dict[str, str]) -> None:
         why["logits"] = f"{n_c} completion tokens x {s.vocab_size} vocab x fp32 x 2 (logits + log_softmax)"
 
 
-_PHASE = {"generation_kv_cache": "generation", "generation_transient": "generation", "activations": "training", "logits": "training"}
-_ORDER = ("base_weights", "lora_weights", "gradients", "optimizer_states", "reference_model", "judge", "vllm_reservation",
+PHASE = {"generation_kv_cache": "generation", "generation_transient": "generation", "activations": "training", "logits": "training"}
+COMPONENT_ORDER = ("base_weights", "lora_weights", "gradients", "optimizer_states", "reference_model", "judge", "vllm_reservation",
           "generation_kv_cache", "generation_transient", "activations", "logits", "framework_overhead")
 
 
-def _total(c: dict[str, int], phase: str) -> int:
+def peak_total(c: dict[str, int], phase: str) -> int:
     """Persistent terms + the larger phase: the KV cache is freed before the training forward starts."""
-    return sum(v for n, v in c.items() if _PHASE.get(n, phase) == phase)
+    return sum(v for n, v in c.items() if PHASE.get(n, phase) == phase)

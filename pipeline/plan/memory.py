@@ -2,7 +2,7 @@
 
 Answers the seed's question "can num_generations go from 4 to 8 or 16 on this GPU?" from the
 run config and the model's config.json alone (no weights are loaded). All formulas live in
-`formulas._estimate`, each with a comment naming its source. Results are per GPU, in GiB (2**30 bytes).
+`formulas.estimate`, each with a comment naming its source. Results are per GPU, in GiB (2**30 bytes).
 The parameter, LoRA, gradient, optimizer and KV-cache terms are checked exactly against counted
 tensors in tests/test_memory.py; the activation terms are estimates not yet measured on a GPU
 (docs/memory.md says how to validate them).
@@ -22,18 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import RunConfig
-from pipeline.plan.formulas import (CUDA_CONTEXT_GIB, FRAGMENTATION, HEADROOM, JUDGE_CONTEXT_GIB, _ORDER, _PHASE, _Inputs,
-                                    _estimate, _layer_activation_bytes, _total)
+from pipeline.plan.formulas import (COMPONENT_ORDER, CUDA_CONTEXT_GIB, FRAGMENTATION, HEADROOM, JUDGE_CONTEXT_GIB, PHASE,
+                                    PlanInputs, estimate, layer_activation_bytes, peak_total)
 from pipeline.plan.gpus import GIB, GPU_PRESETS, detect_gpu_gib, gpu_preset
-from pipeline.plan.shapes import (BUILTIN_EXAMPLES, ModelShape, PlanError, _MINILM_PARAMS, builtin_shape,
-                                  lora_param_count, resolve_shape)
+from pipeline.plan.shapes import (BUILTIN_EXAMPLES, MINILM_PARAMS, ModelShape, PlanError, builtin_shape, lora_param_count,
+                                  resolve_shape)
 
 # The planner's names other modules and tests read as `memory.<name>`, wherever they are defined.
-__all__ = ["BUILTIN_EXAMPLES", "CUDA_CONTEXT_GIB", "FRAGMENTATION", "GIB", "GPU_PRESETS", "HEADROOM", "JUDGE_CONTEXT_GIB",
-           "MemoryPlan", "ModelShape", "PlanError", "batch_for_generations", "builtin_shape", "completion_length",
-           "detect_gpu_gib", "gpu_preset", "lora_param_count", "max_completion_length_ceiling", "plan_run",
-           "resolve_shape", "scaled_batch", "trl_fuses_lm_head", "warn_if_not_fits",
-           "_ORDER", "_PHASE", "_Inputs", "_estimate", "_fits", "_inputs", "_layer_activation_bytes", "_total"]
+__all__ = ["BUILTIN_EXAMPLES", "COMPONENT_ORDER", "CUDA_CONTEXT_GIB", "FRAGMENTATION", "GIB", "GPU_PRESETS", "HEADROOM",
+           "JUDGE_CONTEXT_GIB", "MemoryPlan", "ModelShape", "PHASE", "PlanError", "PlanInputs", "batch_for_generations",
+           "builtin_shape", "completion_length", "detect_gpu_gib", "estimate", "fits_gpu", "gpu_preset",
+           "layer_activation_bytes", "lora_param_count", "max_completion_length_ceiling", "max_generations", "peak_total",
+           "plan_inputs", "plan_run", "resolve_shape", "scaled_batch", "trl_fuses_lm_head", "warn_if_not_fits"]
 
 MAX_SEARCH_GENERATIONS = 512
 
@@ -77,7 +77,7 @@ def completion_length(cfg: RunConfig) -> int:
     return max([int(g.max_completion_length)] + [int(length) for _, length in g.length_schedule])
 
 
-def _inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> _Inputs:
+def plan_inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> PlanInputs:
     prec = cfg.optimization.precision
     judge_bytes, jshape = 0, None
     j = cfg.judge
@@ -85,12 +85,12 @@ def _inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> _Inp
         jshape = resolve_shape(j.model)
         judge_bytes = jshape.param_count() * 2
     elif j.placement == "same_gpu" and j.backend == "embedding":
-        judge_bytes = _MINILM_PARAMS * 4
+        judge_bytes = MINILM_PARAMS * 4
     attn = cfg.model.attn_implementation or "sdpa"
     o = cfg.optimization
     from pipeline.training.elastic import worker_range  # an elastic run plans for its fewest workers (largest ZeRO shards)
 
-    return _Inputs(
+    return PlanInputs(
         shape=resolve_shape(cfg.model.name_or_path, cfg.model.revision),
         judge=(judge_bytes, jshape), judge_batch=(j.max_batch_size, j.max_input_tokens),
         num_gpus=num_gpus or worker_range(cfg)[0], zero_stage=cfg.distributed.zero_stage,
@@ -108,12 +108,12 @@ def _inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> _Inp
     )
 
 
-def _fits(x: _Inputs) -> bool:
-    c, _, phase = _estimate(x)
-    return x.gpu_gib is not None and _total(c, phase) <= x.gpu_gib * GIB * (1 - HEADROOM)
+def fits_gpu(x: PlanInputs) -> bool:
+    c, _, phase = estimate(x)
+    return x.gpu_gib is not None and peak_total(c, phase) <= x.gpu_gib * GIB * (1 - HEADROOM)
 
 
-def batch_for_generations(x: _Inputs, g: int, g0: int, b0: int) -> int:
+def batch_for_generations(x: PlanInputs, g: int, g0: int, b0: int) -> int:
     """Per-device batch for g generations keeping the config's prompts per round (b0/g0 per device),
     raised until TRL's rule holds: batch * num_gpus * steps_per_generation divisible by g."""
     b = max(1, math.ceil(b0 * g / g0))
@@ -125,17 +125,17 @@ def batch_for_generations(x: _Inputs, g: int, g0: int, b0: int) -> int:
 def scaled_batch(cfg: RunConfig, num_generations: int, num_gpus: int | None = None) -> int:
     """The per-device batch `synth-grpo plan`'s sweep uses for `num_generations`: the config's prompts per
     round kept, rounded up to TRL's divisibility rule (bench/gpu_check.py runs exactly these batches)."""
-    x = _inputs(cfg, None, num_gpus)
+    x = plan_inputs(cfg, None, num_gpus)
     return batch_for_generations(x, num_generations, x.num_generations, x.batch)
 
 
-def _max_generations(x: _Inputs) -> int:
+def max_generations(x: PlanInputs) -> int:
     """Largest g whose scaled batch fits; stops once even the unrounded batch b0*g/g0 does not fit."""
     best = 0
     for g in range(2, MAX_SEARCH_GENERATIONS + 1):
-        if not _fits(dataclasses.replace(x, num_generations=g, batch=max(1, math.ceil(x.batch * g / x.num_generations)))):
+        if not fits_gpu(dataclasses.replace(x, num_generations=g, batch=max(1, math.ceil(x.batch * g / x.num_generations)))):
             break
-        if _fits(dataclasses.replace(x, num_generations=g, batch=batch_for_generations(x, g, x.num_generations, x.batch))):
+        if fits_gpu(dataclasses.replace(x, num_generations=g, batch=batch_for_generations(x, g, x.num_generations, x.batch))):
             best = g
     return best
 
@@ -145,11 +145,11 @@ def plan_run(cfg: RunConfig, gpu_gib: float | None = None, num_gpus: int | None 
     """Predict per-GPU memory of `cfg` on a GPU of `gpu_gib` GiB (default: the detected one) with the
     ZeRO stage sharding over `num_gpus` (default: distributed.num_workers). Raises PlanError."""
     gpu_gib = gpu_gib if gpu_gib is not None else detect_gpu_gib()
-    x = _inputs(cfg, gpu_gib, num_gpus)
+    x = plan_inputs(cfg, gpu_gib, num_gpus)
     if fused_logits is not None:
         x = dataclasses.replace(x, fused_logits=fused_logits)
-    c, why, phase = _estimate(x)
-    total = _total(c, phase)
+    c, why, phase = estimate(x)
+    total = peak_total(c, phase)
     notes = []
     if x.vllm_util is not None and x.gpu_gib and x.vllm_util * x.gpu_gib < x.shape.param_count() * x.wbytes / GIB:
         notes.append(f"vLLM's share ({x.vllm_util:.0%} of {x.gpu_gib} GiB) is smaller than the weights: vLLM cannot start")
@@ -160,8 +160,8 @@ def plan_run(cfg: RunConfig, gpu_gib: float | None = None, num_gpus: int | None 
                      f"{x.steps_per_generation}); set generation.steps_per_generation lower to shrink the KV cache")
     fits = None if gpu_gib is None else total <= gpu_gib * GIB * (1 - HEADROOM)
     return MemoryPlan(
-        components={n: c.get(n, 0) / GIB for n in _ORDER}, total_gib=total / GIB, gpu_gib=gpu_gib, fits=fits,
-        max_num_generations=None if gpu_gib is None else _max_generations(x), peak_phase=phase, notes=notes,
+        components={n: c.get(n, 0) / GIB for n in COMPONENT_ORDER}, total_gib=total / GIB, gpu_gib=gpu_gib, fits=fits,
+        max_num_generations=None if gpu_gib is None else max_generations(x), peak_phase=phase, notes=notes,
         details=why,
         inputs={"model": cfg.model.name_or_path, "shape_source": x.shape.source, "params": x.shape.param_count(),
                 "trainable": lora_param_count(x.shape, x.lora_r, x.lora_targets) if x.lora else x.shape.param_count(),
@@ -175,11 +175,11 @@ def plan_run(cfg: RunConfig, gpu_gib: float | None = None, num_gpus: int | None 
 def max_completion_length_ceiling(cfg: RunConfig, gpu_gib: float, num_gpus: int | None = None) -> int:
     """Largest completion length that fits at the config's batch (0 if none): the adaptive cap's ceiling
     when the config sets none. Binary search; memory is monotone in the length."""
-    x = _inputs(cfg, gpu_gib, num_gpus)
+    x = plan_inputs(cfg, gpu_gib, num_gpus)
     lo, hi = 0, max(0, x.shape.max_positions - x.prompt_len)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _fits(dataclasses.replace(x, completion_len=mid)):
+        if fits_gpu(dataclasses.replace(x, completion_len=mid)):
             lo = mid
         else:
             hi = mid - 1

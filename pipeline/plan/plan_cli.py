@@ -8,17 +8,17 @@ from typing import Any
 
 from pipeline.config import RunConfig
 from pipeline.errors import cli_error
-from pipeline.plan.formulas import GIB, HEADROOM, _PHASE, _estimate, _n, _total
+from pipeline.plan.formulas import GIB, HEADROOM, PHASE, estimate, human_count, peak_total
 from pipeline.plan.gpus import GPU_PRESETS, detect_gpu_gib, gpu_preset
-from pipeline.plan.memory import (MemoryPlan, _fits, _inputs, _max_generations, batch_for_generations,
-                                  max_completion_length_ceiling, plan_run)
+from pipeline.plan.memory import (MemoryPlan, batch_for_generations, fits_gpu, max_completion_length_ceiling,
+                                  max_generations, plan_inputs, plan_run)
 from pipeline.plan.shapes import PlanError
 
 
 def format_plan(plan: MemoryPlan, gpu_name: str | None = None) -> str:
     i = plan.inputs
     lines = [
-        f"model: {i['model']} ({i['shape_source']}): {_n(i['params'])} params, {_n(i['trainable'])} trainable",
+        f"model: {i['model']} ({i['shape_source']}): {human_count(i['params'])} params, {human_count(i['trainable'])} trainable",
         f"per GPU: {i['batch']} completions/micro-batch, num_generations {i['num_generations']}, prompt {i['prompt_len']} + "
         f"completion {i['completion_len']} tokens, {'bf16' if i['wbytes'] == 2 else 'fp32'}, ZeRO-{i['zero_stage']} over "
         f"{i['num_gpus']} GPU(s), gradient checkpointing {'on' if i['grad_ckpt'] else 'off'}",
@@ -26,7 +26,7 @@ def format_plan(plan: MemoryPlan, gpu_name: str | None = None) -> str:
         f"{'component':<22}{'GiB':>8}  {'phase':<11}basis",
     ]
     for name, gib in plan.components.items():
-        phase = _PHASE.get(name, "always")
+        phase = PHASE.get(name, "always")
         mark = "" if phase in ("always", plan.peak_phase) else " (not at peak)"
         lines.append(f"{name:<22}{gib:8.2f}  {phase:<11}{plan.details.get(name, '')}{mark}")
     lines.append("-" * 72)
@@ -41,16 +41,16 @@ def format_plan(plan: MemoryPlan, gpu_name: str | None = None) -> str:
 
 
 def _sweep(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None, fused: bool) -> str:
-    x = dataclasses.replace(_inputs(cfg, gpu_gib, num_gpus), fused_logits=fused)
+    x = dataclasses.replace(plan_inputs(cfg, gpu_gib, num_gpus), fused_logits=fused)
     prompts = x.batch * x.num_gpus * x.steps_per_generation // x.num_generations
     rows = [f"num_generations sweep ({prompts} prompts per generation round kept; per-device batch scales with it):",
             f"{'G':>5}{'batch':>7}{'total GiB':>11}  fits"]
     for g in sorted({2, 4, 8, 16, 32, 64, x.num_generations}):
         b = batch_for_generations(x, g, x.num_generations, x.batch)
         y = dataclasses.replace(x, num_generations=g, batch=b)
-        c, _, phase = _estimate(y)
-        fit = "-" if gpu_gib is None else ("yes" if _fits(y) else "no")
-        rows.append(f"{g:>5}{b:>7}{_total(c, phase) / GIB:>11.2f}  {fit}" + ("  <- config" if g == x.num_generations else ""))
+        c, _, phase = estimate(y)
+        fit = "-" if gpu_gib is None else ("yes" if fits_gpu(y) else "no")
+        rows.append(f"{g:>5}{b:>7}{peak_total(c, phase) / GIB:>11.2f}  {fit}" + ("  <- config" if g == x.num_generations else ""))
     rows.append("(at a fixed per-device batch, num_generations only changes how many prompts share a round: memory is unchanged)")
     return "\n".join(rows)
 
@@ -80,13 +80,13 @@ def plan_cli(cfg: RunConfig, args: Any) -> int:
     print()
     print(_sweep(cfg, gpu_gib, args.num_gpus, plan.inputs["fused_logits"]))
     if plan.gpu_gib is not None:
-        x = _inputs(cfg, plan.gpu_gib, args.num_gpus)
+        x = plan_inputs(cfg, plan.gpu_gib, args.num_gpus)
         g = plan.max_num_generations
         at = f" (per-device batch {batch_for_generations(x, g, x.num_generations, x.batch)})" if g else ""
         print(f"largest num_generations that fits: {g}{at}; largest completion length at the config's batch: "
               f"{max_completion_length_ceiling(cfg, plan.gpu_gib, args.num_gpus)}")
     else:
-        fitting = [f"{p}: {_max_generations(dataclasses.replace(_inputs(cfg, gib, args.num_gpus), gpu_gib=gib))}"
+        fitting = [f"{p}: {max_generations(dataclasses.replace(plan_inputs(cfg, gib, args.num_gpus), gpu_gib=gib))}"
                    for p, (_, gib) in GPU_PRESETS.items()]
         print("largest num_generations per preset: " + ", ".join(fitting))
     return 0

@@ -138,7 +138,7 @@ _BUILTIN_PATTERNS: list[tuple[str, ModelShape]] = [
 BUILTIN_EXAMPLES = ("meta-llama/Llama-3.1-8B-Instruct", "VAGOsolutions/Llama-3.1-SauerkrautLM-8b-Instruct",
                     "mistralai/Mistral-7B-Instruct-v0.3", "Qwen/Qwen2.5-7B-Instruct")
 # all-MiniLM-L6-v2 (the packaged embedding judge): 22.7M parameters, fp32
-_MINILM_PARAMS = 22_713_216
+MINILM_PARAMS = 22_713_216
 
 
 def builtin_shape(model_id: str) -> ModelShape | None:
@@ -235,12 +235,12 @@ def lora_param_count(shape: ModelShape, r: int, targets: str | list[str]) -> int
     """LoRA adds A (r x in) and B (out x r) per targeted linear: r * (in + out) parameters (Hu et al. 2021).
     PEFT's "all-linear" targets every linear layer except the output head."""
     lin = shape.linears()
-    total = shape.num_layers * sum(r * (lin[n][0] + lin[n][1]) for n in _lora_targets(targets, shape))
+    total = shape.num_layers * sum(r * (lin[n][0] + lin[n][1]) for n in targeted_linears(targets, shape))
     if isinstance(targets, list) and any(t in ("lm_head", "embed_tokens") for t in targets):
         total += r * (shape.hidden_size + shape.vocab_size) * sum(t in ("lm_head", "embed_tokens") for t in targets)
     return total
 
 
-def _lora_targets(targets: str | list[str], shape: ModelShape) -> list[str]:
+def targeted_linears(targets: str | list[str], shape: ModelShape) -> list[str]:
     """The linears of one decoder layer that LoRA targets (PEFT's "all-linear": every one)."""
     return list(shape.linears()) if targets == "all-linear" else [t for t in targets if t in shape.linears()]
