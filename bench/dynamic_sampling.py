@@ -95,6 +95,11 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rat
     trainer.train()
     if dynamic:
         stds = [s for t in trainer.dynamic_sampling_trace for s in t["trained_std"]]
+    return _arm_summary(stds, history, eval_rows, steps)
+
+
+def _arm_summary(stds: list[float], history: list[dict], eval_rows: list[dict], steps: int) -> dict:
+    """One arm's figures from the trained groups' reward stds, the trainer's logs and the eval rows."""
     final = next(r for r in reversed(history) if "train_runtime" in r)
     ds_rows = [r for r in history if "dynamic_sampling/rounds" in r]
 

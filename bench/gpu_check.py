@@ -750,28 +750,9 @@ def main(argv: list[str] | None = None) -> int:
     log(f"[gpu_check] judge actor loaded in {time.perf_counter() - t0:.0f}s")
     judge_res: dict[str, Any] | None = None
     reserve = 20.0 if on_gpu else 5.0  # the judge timing and the report after the last case
-    done: list[Case] = []
     try:
-        for case in cases:
-            ok, why = budget_left_for(case, done, time.perf_counter() - t_start, budget, reserve)
-            if not ok:
-                case.status, case.reason = "skipped", why
-                log(f"[gpu_check] skipping num_generations {case.num_generations} ({case.backend}): {why}")
-                done.append(case)
-                continue
-            cfg = config_for(case.num_generations, case.backend)
-            log(f"[gpu_check] num_generations {case.num_generations} ({case.backend}), batch "
-                f"{cfg.optimization.per_device_train_batch_size}, {steps} steps")
-            try:
-                case.result = run_case(case, cfg, pool, gpu_gib, num_gpus, log)
-                case.status = "ok"
-            except Exception as e:  # report it and go on with the next case
-                cause = e
-                while getattr(cause, "__cause__", None) is not None:
-                    cause = cause.__cause__
-                case.status, case.reason = "failed", f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
-                log(f"[gpu_check] num_generations {case.num_generations} ({case.backend}) failed: {case.reason}")
-            done.append(case)
+        run_cases(cases, config_for, pool, gpu_gib, num_gpus, steps, lambda: time.perf_counter() - t_start, budget,
+                  reserve, log)
         if time.perf_counter() - t_start < budget:
             batches = judge_batches(base_cfg.judge.max_batch_size, mode.judge_batches)
             with pickled_by_value():
@@ -784,20 +765,9 @@ def main(argv: list[str] | None = None) -> int:
     skipped = [c for c in cases if c.status == "skipped"]
     if skipped:
         notes.append("skipped for time (largest first): " + ", ".join(f"{c.num_generations} ({c.backend})" for c in skipped))
-    import trl
-
     ran = [c for c in cases if c.status == "ok"]
-    res = {
-        "device": torch.cuda.get_device_name(0) + f" ({gpu_gib:.1f} GiB)" if on_gpu else "cpu (tiny shapes)",
-        "num_gpus": num_gpus if on_gpu else 0, "mode": mode.name, "torch": torch.__version__, "trl": trl.__version__,
-        "vllm": importlib.metadata.version("vllm") if vllm else None,
-        "policy": mode.policy.source, "judge_model": mode.judge.source,
-        "budget_s": budget, "elapsed_s": time.perf_counter() - t_start,
-        "cases": [case_json(c) for c in cases],
-        "judge_throughput": judge_res,
-        "exact_terms_ok": bool(ran) and all(c.result["exact_terms_ok"] for c in ran),
-        "notes": notes,
-    }
+    res = result_json(mode, cases, ran, on_gpu, gpu_gib, num_gpus, vllm, budget, time.perf_counter() - t_start,
+                      judge_res, notes)
     text = format_report(res)
     (out / "gpu_check.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "gpu_check.txt").write_text(text + "\n")
@@ -807,6 +777,51 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
     failed = [c for c in cases if c.status == "failed"]
     return 0 if ran and not failed and res["exact_terms_ok"] else 1
+
+
+def run_cases(cases: list[Case], config_for, pool, gpu_gib: float | None, num_gpus: int, steps: int, elapsed,
+              budget: float, reserve: float, log) -> None:
+    """Run each case that the time left allows, in order; a failed case is reported and the next one runs."""
+    done: list[Case] = []
+    for case in cases:
+        ok, why = budget_left_for(case, done, elapsed(), budget, reserve)
+        if not ok:
+            case.status, case.reason = "skipped", why
+            log(f"[gpu_check] skipping num_generations {case.num_generations} ({case.backend}): {why}")
+            done.append(case)
+            continue
+        cfg = config_for(case.num_generations, case.backend)
+        log(f"[gpu_check] num_generations {case.num_generations} ({case.backend}), batch "
+            f"{cfg.optimization.per_device_train_batch_size}, {steps} steps")
+        try:
+            case.result = run_case(case, cfg, pool, gpu_gib, num_gpus, log)
+            case.status = "ok"
+        except Exception as e:  # report it and go on with the next case
+            cause = e
+            while getattr(cause, "__cause__", None) is not None:
+                cause = cause.__cause__
+            case.status, case.reason = "failed", f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+            log(f"[gpu_check] num_generations {case.num_generations} ({case.backend}) failed: {case.reason}")
+        done.append(case)
+
+
+def result_json(mode: Mode, cases: list[Case], ran: list[Case], on_gpu: bool, gpu_gib: float | None, num_gpus: int,
+                vllm: bool, budget: float, elapsed_s: float, judge_res: dict[str, Any] | None, notes: list[str]) -> dict[str, Any]:
+    """The one JSON object `--json` prints and gpu_check.json holds."""
+    import torch  # lazy: imports torch
+    import trl  # lazy: imports trl
+
+    return {
+        "device": torch.cuda.get_device_name(0) + f" ({gpu_gib:.1f} GiB)" if on_gpu else "cpu (tiny shapes)",
+        "num_gpus": num_gpus if on_gpu else 0, "mode": mode.name, "torch": torch.__version__, "trl": trl.__version__,
+        "vllm": importlib.metadata.version("vllm") if vllm else None,
+        "policy": mode.policy.source, "judge_model": mode.judge.source,
+        "budget_s": budget, "elapsed_s": elapsed_s,
+        "cases": [case_json(c) for c in cases],
+        "judge_throughput": judge_res,
+        "exact_terms_ok": bool(ran) and all(c.result["exact_terms_ok"] for c in ran),
+        "notes": notes,
+    }
 
 
 if __name__ == "__main__":
