@@ -583,7 +583,7 @@ def case_json(c: Case) -> dict[str, Any]:
 
 
 def run_case(case: Case, cfg, pool, gpu_gib: float | None, num_gpus: int, log) -> dict[str, Any]:
-    import ray
+    import ray  # lazy: Ray loads for a run, not for --help
 
     run_dir = Path(cfg.output.root) / cfg.output.run_name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -723,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     vllm = importlib.util.find_spec("vllm") is not None and on_gpu
 
-    import ray
+    import ray  # lazy: Ray loads for a run, not for --help
 
     from pipeline.scoring.pool import start_pool, stop_pool  # lazy: imports ray
 

@@ -80,7 +80,7 @@ def run_plain(steps: int, workdir: Path) -> dict:
 
 
 def run_ours(steps: int, workdir: Path) -> dict:
-    import ray
+    import ray  # lazy: Ray loads for a run, not for --help
 
     cfg = bench_config(steps)
     cfg.output.run_name = "ours"

@@ -172,7 +172,7 @@ def main() -> int:
     ap.add_argument("--figure", default=None, help="write the compare plots and compare.md here (e.g. docs/img/pathologies)")
     args = ap.parse_args()
 
-    import ray
+    import ray  # lazy: Ray loads for a run, not for --help
 
     init_local_ray()
     t0 = time.time()
@@ -202,7 +202,13 @@ def main() -> int:
                       "eval_samples": args.eval_samples, "seconds": time.time() - t0, "machine": machine()}
     if args.json:
         print_json(result)
-        return 0
+    else:
+        print_table(result, per, args)
+    return 0
+
+
+def print_table(result: dict, per: dict[str, dict[int, dict]], args: argparse.Namespace) -> None:
+    """The readable form of the result: each seed's figures side by side, then the gains."""
     keys = ["clipped_ratio_tail", "clipped_ratio_last_half", "entropy_retained", "eval_score_first", "eval_score_last",
             "eval_score_gain", "eval_score_gain_se", "kl_to_initial_last", "kl_to_initial_se_last", "eval_eos_rate_last",
             "eval_first_to_last", "frac_reward_zero_std", "reward_std", "cap_changes", "cap_changes_after_entering",
@@ -224,7 +230,6 @@ def main() -> int:
     print(f"total {result['meta']['seconds']:.0f} s")
     if "figure" in result:
         print(f"figure: {result['figure']['table']} and {len(result['figure']) - 1} PNGs beside it")
-    return 0
 
 
 if __name__ == "__main__":
