@@ -729,12 +729,7 @@ def main(argv: list[str] | None = None) -> int:
 
     init_ray(None, log=log)
     log(f"[gpu_check] random-init models ({mode.policy.source}, {mode.judge.source}) under {work}")
-    if on_gpu:  # in a Ray task on one GPU that then exits: the driver keeps no CUDA context on the card
-        with pickled_by_value():
-            task = ray.remote(num_gpus=1, max_calls=1)(build_models)
-            models[:] = ray.get(task.remote(mode, work.resolve(), "cuda", print))
-    else:
-        models[:] = build_models(mode, work, "cpu", log)
+    models[:] = build_models_here_or_on_a_gpu(mode, work, on_gpu, log)
     planner_max = None
     if on_gpu and not args.no_planner_max:
         cfg8 = config_for(8)
@@ -777,6 +772,18 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
     failed = [c for c in cases if c.status == "failed"]
     return 0 if ran and not failed and res["exact_terms_ok"] else 1
+
+
+def build_models_here_or_on_a_gpu(mode: Mode, work: Path, on_gpu: bool, log) -> tuple[Path, Path]:
+    """The random-init policy and judge folders; on a GPU built in a Ray task on one GPU that then exits,
+    so the driver keeps no CUDA context on the card."""
+    import ray  # lazy: Ray loads for a run, not for --help
+
+    if not on_gpu:
+        return build_models(mode, work, "cpu", log)
+    with pickled_by_value():
+        task = ray.remote(num_gpus=1, max_calls=1)(build_models)
+        return ray.get(task.remote(mode, work.resolve(), "cuda", print))
 
 
 def run_cases(cases: list[Case], config_for, pool, gpu_gib: float | None, num_gpus: int, steps: int, elapsed,
