@@ -14,24 +14,22 @@ Reported per arm: the fraction of trained groups whose weighted total reward has
 generated group without dynamic sampling; the groups that reach the loss with it), the held-out
 `eval/score` gain (last - first evaluation), and seconds per optimizer step (HF's train_runtime).
 
-    python bench/dynamic_sampling.py [--steps N] [--seed S] [--json]
+    python -m bench.dynamic_sampling [--steps N] [--seed S] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from bench.common import REPO, init_local_ray, machine, print_json
+from pipeline.config import load_config
+from pipeline.data.sources import load_records
+from pipeline.training.worker import build_grpo_trainer, load_policy
 
 LOW_STD = 0.01
 TASK = ["data.min_reference_words=10"]  # bench/pathologies.py's long-answer task
@@ -39,8 +37,6 @@ REWARD = ["rewards.weights={rouge_l: 0.0, length: 0.0, judge: 0.0, eos: 1.0}"]  
 
 
 def bench_config(steps: int, seed: int, root: Path, dynamic: bool, learning_rate: float | None = None):
-    from pipeline.config import load_config
-
     lr = [f"optimization.learning_rate={learning_rate}"] if learning_rate else []
     return load_config(REPO / "configs" / "seed-baseline.yaml", [*lr,
         f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
@@ -55,14 +51,12 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rat
     import torch
     from transformers import TrainerCallback
 
-    from pipeline.data.sources import load_records
-    from pipeline.seams.trl_seams import observe_rewards
-    from pipeline.training.dynamic_sampling import group_std
-    from pipeline.training.length_control import CompletionLengthControl
-    from pipeline.scoring.clients import make_pool_reward_funcs
-    from pipeline.training.callbacks import Evaluator
-    from pipeline.training.worker import build_grpo_trainer, load_policy
-    from rewards.judge import SelfJudge
+    from pipeline.training.dynamic_sampling import group_std  # lazy: imports trl and torch
+    from pipeline.training.length_control import CompletionLengthControl  # lazy: imports transformers and torch
+    from pipeline.scoring.clients import make_pool_reward_funcs  # lazy: imports ray and torch
+    from pipeline.training.callbacks import Evaluator  # lazy: imports transformers and torch
+    from rewards.judge import SelfJudge  # lazy: imports torch and transformers
+    from pipeline.seams.trl_seams import observe_rewards  # lazy: beside the trainer it patches (imports trl)
 
     torch.manual_seed(seed)
     torch.set_num_threads(1)
@@ -98,6 +92,11 @@ def run_arm(steps: int, seed: int, root: Path, dynamic: bool, pool, learning_rat
     trainer.train()
     if dynamic:
         stds = [s for t in trainer.dynamic_sampling_trace for s in t["trained_std"]]
+    return _arm_summary(stds, history, eval_rows, steps)
+
+
+def _arm_summary(stds: list[float], history: list[dict], eval_rows: list[dict], steps: int) -> dict:
+    """One arm's figures from the trained groups' reward stds, the trainer's logs and the eval rows."""
     final = next(r for r in reversed(history) if "train_runtime" in r)
     ds_rows = [r for r in history if "dynamic_sampling/rounds" in r]
 
@@ -136,12 +135,12 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    import ray
+    from pipeline.scoring.pool import start_pool, stop_pool  # lazy: imports ray
 
-    from pipeline.scoring.pool import start_pool, stop_pool
+    import ray  # lazy: Ray loads for a run, not for --help
 
     t0 = time.time()
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    init_local_ray()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         pool = start_pool(bench_config(args.steps, args.seed, root, False))
@@ -154,9 +153,9 @@ def main() -> int:
     ray.shutdown()
     w, wo = result["with"], result["without"]
     result["meta"] = {"steps": args.steps, "seed": args.seed, "learning_rate": args.learning_rate, "seconds": time.time() - t0,
-                      "sec_per_step_ratio": w["sec_per_step"] / wo["sec_per_step"], "machine": f"{os.cpu_count()} CPUs"}
+                      "sec_per_step_ratio": w["sec_per_step"] / wo["sec_per_step"], "machine": machine()}
     if args.json:
-        print(json.dumps(result, indent=1))
+        print_json(result)
         return 0
     print(f"dynamic sampling off/on, seed-baseline settings, {args.steps} steps, seed {args.seed}, {result['meta']['machine']}")
     print(f"{'':34}{'without':>12}{'with':>12}")

@@ -16,8 +16,8 @@ CPU (`--device cpu`): the same plumbing with tiny shapes in fp32, for CI. The we
 optimizer terms, counted from the real tensors inside the Ray Train worker, must equal the planner's to
 the byte (`exact_terms_ok`); on a GPU the same check runs in bf16.
 
-    python bench/gpu_check.py --minutes 8 --out results/          # one GPU machine, table
-    python bench/gpu_check.py --device cpu --json --out /tmp/gc     # CI: tiny shapes, JSON
+    python -m bench.gpu_check --minutes 8 --out results/          # one GPU machine, table
+    python -m bench.gpu_check --device cpu --json --out /tmp/gc     # CI: tiny shapes, JSON
 
 Exit codes: 0 all cases that ran passed and the exact terms match; 1 a case failed or a term differs;
 2 bad arguments (before Ray or any model starts).
@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -42,16 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from pipeline.plan import memory as M  # noqa: E402
-from pipeline.config import REPO_ROOT, ConfigError, load_config  # noqa: E402
-from pipeline.seams.trl_seams import replace_rollout_methods, rollout_methods  # noqa: E402
+from bench.common import print_json
+from pipeline.config import REPO_ROOT, ConfigError, DataSection, load_config
+from pipeline.data.sources import load_records
+from pipeline.data.tiny_models import CHAT_TEMPLATE, train_byte_level_bpe
+from pipeline.plan import memory as M
+import pipeline.training.worker as worker
+from pipeline.training.driver import init_ray, prepare_run_dir, run_training
+from pipeline.seams.trl_seams import replace_rollout_methods, rollout_methods
 
 GIB = M.GIB
 BUILD_VERSION = 1  # bump when the model/tokenizer recipe below changes (the model cache is keyed by it)
@@ -101,9 +100,7 @@ def cpu_mode() -> Mode:
 
 def training_texts() -> list[str]:
     """Questions, answers and contexts of the bundled data, the system prompt and the judge's rubric."""
-    from pipeline.config import DataSection
-    from pipeline.data.sources import load_records
-    from rewards.judge import RUBRIC
+    from rewards.judge import RUBRIC  # lazy: imports torch and transformers
 
     train, held, _ = load_records(DataSection(source="bundled"), log=None)
     texts = [t for r in train + held for t in (r["question"], r["reference"], r.get("context") or "") if t]
@@ -116,8 +113,6 @@ def padded_tokenizer(texts: list[str], vocab_size: int):
     3-byte strings no merge produces: encoding is unchanged, decoding gives random bytes."""
     from tokenizers import Tokenizer, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-
-    from pipeline.data.tiny_models import CHAT_TEMPLATE, train_byte_level_bpe
 
     trained = train_byte_level_bpe(texts, min(TOKENIZER_TRAINED_SIZE, vocab_size), extra_special=CHAT_SPECIALS)
     data = json.loads(trained.backend_tokenizer.to_str())
@@ -361,8 +356,6 @@ def probed_train_loop(config: dict) -> None:
     trainer it builds. Runs in the Ray Train worker; the measurements land in the run directory."""
     import ray.train
 
-    import pipeline.training.worker as worker
-
     probe = Probe(Path(config["run_dir"]), ray.train.get_context().get_world_rank())
     build = worker.build_grpo_trainer
 
@@ -394,8 +387,6 @@ def pickled_by_value():
 def probed_worker_loop():
     """`pipeline.training.driver.build_trainer` starts `pipeline.training.worker.train_loop_per_worker`; point it at the probed
     loop for this run only (the workers import the unmodified module and the probed loop calls into it)."""
-    import pipeline.training.worker as worker
-
     original = worker.train_loop_per_worker
     worker.train_loop_per_worker = probed_train_loop
     try:
@@ -408,23 +399,13 @@ def probed_worker_loop():
 
 
 def _bench_rewards():
-    """bench/rewards.py (the seed's generate-and-parse judge and its parser), loaded by path."""
-    path = Path(__file__).resolve().parent / "rewards.py"
-    name = "synth_grpo_bench_rewards"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """bench/rewards.py: the seed's generate-and-parse judge and its parser."""
+    return importlib.import_module("bench.rewards")
 
 
 def judge_batches(batch_size: int, n: int) -> list[tuple[list[str], list[str], list[str]]]:
     """Groups of 8 candidates per bundled question: its reference, sentences of it, other answers."""
     import random
-
-    from pipeline.config import DataSection
-    from pipeline.data.sources import load_records
 
     rows, _, _ = load_records(DataSection(source="bundled"), log=None)
     rng = random.Random(0)
@@ -602,9 +583,7 @@ def case_json(c: Case) -> dict[str, Any]:
 
 
 def run_case(case: Case, cfg, pool, gpu_gib: float | None, num_gpus: int, log) -> dict[str, Any]:
-    import ray
-
-    from pipeline.training.driver import prepare_run_dir, run_training
+    import ray  # lazy: Ray loads for a run, not for --help
 
     run_dir = Path(cfg.output.root) / cfg.output.run_name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -744,19 +723,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     vllm = importlib.util.find_spec("vllm") is not None and on_gpu
 
-    import ray
+    import ray  # lazy: Ray loads for a run, not for --help
 
-    from pipeline.scoring.pool import start_pool, stop_pool
-    from pipeline.training.driver import init_ray
+    from pipeline.scoring.pool import start_pool, stop_pool  # lazy: imports ray
 
     init_ray(None, log=log)
     log(f"[gpu_check] random-init models ({mode.policy.source}, {mode.judge.source}) under {work}")
-    if on_gpu:  # in a Ray task on one GPU that then exits: the driver keeps no CUDA context on the card
-        with pickled_by_value():
-            task = ray.remote(num_gpus=1, max_calls=1)(build_models)
-            models[:] = ray.get(task.remote(mode, work.resolve(), "cuda", print))
-    else:
-        models[:] = build_models(mode, work, "cpu", log)
+    models[:] = build_models_here_or_on_a_gpu(mode, work, on_gpu, log)
     planner_max = None
     if on_gpu and not args.no_planner_max:
         cfg8 = config_for(8)
@@ -772,28 +745,9 @@ def main(argv: list[str] | None = None) -> int:
     log(f"[gpu_check] judge actor loaded in {time.perf_counter() - t0:.0f}s")
     judge_res: dict[str, Any] | None = None
     reserve = 20.0 if on_gpu else 5.0  # the judge timing and the report after the last case
-    done: list[Case] = []
     try:
-        for case in cases:
-            ok, why = budget_left_for(case, done, time.perf_counter() - t_start, budget, reserve)
-            if not ok:
-                case.status, case.reason = "skipped", why
-                log(f"[gpu_check] skipping num_generations {case.num_generations} ({case.backend}): {why}")
-                done.append(case)
-                continue
-            cfg = config_for(case.num_generations, case.backend)
-            log(f"[gpu_check] num_generations {case.num_generations} ({case.backend}), batch "
-                f"{cfg.optimization.per_device_train_batch_size}, {steps} steps")
-            try:
-                case.result = run_case(case, cfg, pool, gpu_gib, num_gpus, log)
-                case.status = "ok"
-            except Exception as e:  # report it and go on with the next case
-                cause = e
-                while getattr(cause, "__cause__", None) is not None:
-                    cause = cause.__cause__
-                case.status, case.reason = "failed", f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
-                log(f"[gpu_check] num_generations {case.num_generations} ({case.backend}) failed: {case.reason}")
-            done.append(case)
+        run_cases(cases, config_for, pool, gpu_gib, num_gpus, steps, lambda: time.perf_counter() - t_start, budget,
+                  reserve, log)
         if time.perf_counter() - t_start < budget:
             batches = judge_batches(base_cfg.judge.max_batch_size, mode.judge_batches)
             with pickled_by_value():
@@ -806,26 +760,75 @@ def main(argv: list[str] | None = None) -> int:
     skipped = [c for c in cases if c.status == "skipped"]
     if skipped:
         notes.append("skipped for time (largest first): " + ", ".join(f"{c.num_generations} ({c.backend})" for c in skipped))
-    import trl
-
     ran = [c for c in cases if c.status == "ok"]
-    res = {
+    res = result_json(mode, cases, ran, on_gpu, gpu_gib, num_gpus, vllm, budget, time.perf_counter() - t_start,
+                      judge_res, notes)
+    text = format_report(res)
+    (out / "gpu_check.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "gpu_check.txt").write_text(text + "\n")
+    if args.json:
+        print_json(res, indent=None, default=str)
+    else:
+        print(text, flush=True)
+    failed = [c for c in cases if c.status == "failed"]
+    return 0 if ran and not failed and res["exact_terms_ok"] else 1
+
+
+def build_models_here_or_on_a_gpu(mode: Mode, work: Path, on_gpu: bool, log) -> tuple[Path, Path]:
+    """The random-init policy and judge folders; on a GPU built in a Ray task on one GPU that then exits,
+    so the driver keeps no CUDA context on the card."""
+    import ray  # lazy: Ray loads for a run, not for --help
+
+    if not on_gpu:
+        return build_models(mode, work, "cpu", log)
+    with pickled_by_value():
+        task = ray.remote(num_gpus=1, max_calls=1)(build_models)
+        return ray.get(task.remote(mode, work.resolve(), "cuda", print))
+
+
+def run_cases(cases: list[Case], config_for, pool, gpu_gib: float | None, num_gpus: int, steps: int, elapsed,
+              budget: float, reserve: float, log) -> None:
+    """Run each case that the time left allows, in order; a failed case is reported and the next one runs."""
+    done: list[Case] = []
+    for case in cases:
+        ok, why = budget_left_for(case, done, elapsed(), budget, reserve)
+        if not ok:
+            case.status, case.reason = "skipped", why
+            log(f"[gpu_check] skipping num_generations {case.num_generations} ({case.backend}): {why}")
+            done.append(case)
+            continue
+        cfg = config_for(case.num_generations, case.backend)
+        log(f"[gpu_check] num_generations {case.num_generations} ({case.backend}), batch "
+            f"{cfg.optimization.per_device_train_batch_size}, {steps} steps")
+        try:
+            case.result = run_case(case, cfg, pool, gpu_gib, num_gpus, log)
+            case.status = "ok"
+        except Exception as e:  # report it and go on with the next case
+            cause = e
+            while getattr(cause, "__cause__", None) is not None:
+                cause = cause.__cause__
+            case.status, case.reason = "failed", f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+            log(f"[gpu_check] num_generations {case.num_generations} ({case.backend}) failed: {case.reason}")
+        done.append(case)
+
+
+def result_json(mode: Mode, cases: list[Case], ran: list[Case], on_gpu: bool, gpu_gib: float | None, num_gpus: int,
+                vllm: bool, budget: float, elapsed_s: float, judge_res: dict[str, Any] | None, notes: list[str]) -> dict[str, Any]:
+    """The one JSON object `--json` prints and gpu_check.json holds."""
+    import torch  # lazy: imports torch
+    import trl  # lazy: imports trl
+
+    return {
         "device": torch.cuda.get_device_name(0) + f" ({gpu_gib:.1f} GiB)" if on_gpu else "cpu (tiny shapes)",
         "num_gpus": num_gpus if on_gpu else 0, "mode": mode.name, "torch": torch.__version__, "trl": trl.__version__,
         "vllm": importlib.metadata.version("vllm") if vllm else None,
         "policy": mode.policy.source, "judge_model": mode.judge.source,
-        "budget_s": budget, "elapsed_s": time.perf_counter() - t_start,
+        "budget_s": budget, "elapsed_s": elapsed_s,
         "cases": [case_json(c) for c in cases],
         "judge_throughput": judge_res,
         "exact_terms_ok": bool(ran) and all(c.result["exact_terms_ok"] for c in ran),
         "notes": notes,
     }
-    text = format_report(res)
-    (out / "gpu_check.json").write_text(json.dumps(res, indent=1, default=str))
-    (out / "gpu_check.txt").write_text(text + "\n")
-    print(json.dumps(res, default=str) if args.json else text, flush=True)
-    failed = [c for c in cases if c.status == "failed"]
-    return 0 if ran and not failed and res["exact_terms_ok"] else 1
 
 
 if __name__ == "__main__":

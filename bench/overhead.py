@@ -9,30 +9,28 @@ Seconds per step are HF's `train_runtime / steps` (the training loop only: Ray s
 loading are reported apart). Both use one torch thread, as the Ray worker does with
 `distributed.cpus_per_worker: 1`.
 
-    python bench/overhead.py [--steps 20] [--json]
+    python -m bench.overhead [--steps 20] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-from rewards.trl_rewards import COMPONENTS  # noqa: E402
+from bench.common import REPO, init_local_ray, machine, print_json
+from pipeline.config import load_config
+from pipeline.data.sources import load_records
+from pipeline.rundir.files import METRICS, read_metrics
+from pipeline.rundir.metric_names import is_train_row
+from pipeline.training.driver import prepare_run_dir, run_training
+from pipeline.training.worker import build_grpo_trainer, load_policy
+from rewards.trl_rewards import COMPONENTS, make_reward_funcs
 
 
 def bench_config(steps: int):
-    from pipeline.config import load_config
-
     return load_config(REPO / "configs" / "tiny.yaml", [
         f"optimization.max_steps={steps}", "generation.max_completion_length=32", "eval.num_prompts=0",
         "output.save_steps=100000", "logging.progress_bar=false", "distributed.cpus_per_worker=1",
@@ -41,7 +39,6 @@ def bench_config(steps: int):
 
 def _train_stats(rows: list[dict], steps: int) -> dict:
     final = next(r for r in reversed(rows) if "train_runtime" in r)
-    from pipeline.rundir.metric_names import is_train_row
 
     train = [r for r in rows if is_train_row(r)]
     step_times = [r["step_time"] for r in train[2:] if "step_time" in r]
@@ -58,11 +55,8 @@ def run_plain(steps: int, workdir: Path) -> dict:
     import torch
     from transformers import TrainerCallback
 
-    from pipeline.data.sources import load_records
-    from pipeline.scoring.clients import eos_kwargs
-    from pipeline.training.worker import build_grpo_trainer, load_policy
-    from rewards.judge import load_judge
-    from rewards.trl_rewards import make_reward_funcs
+    from pipeline.scoring.clients import eos_kwargs  # lazy: imports ray and torch
+    from rewards.judge import load_judge  # lazy: imports torch and transformers
 
     torch.set_num_threads(1)
     cfg = bench_config(steps)
@@ -86,16 +80,13 @@ def run_plain(steps: int, workdir: Path) -> dict:
 
 
 def run_ours(steps: int, workdir: Path) -> dict:
-    import ray
-
-    from pipeline.rundir.files import METRICS, read_metrics
-    from pipeline.training.driver import prepare_run_dir, run_training
+    import ray  # lazy: Ray loads for a run, not for --help
 
     cfg = bench_config(steps)
     cfg.output.run_name = "ours"
     run_dir = workdir / "ours"
     t0 = time.perf_counter()
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    init_local_ray()
     prepare_run_dir(cfg, run_dir, log=None)
     run_training(cfg, run_dir, log=None)
     wall = time.perf_counter() - t0
@@ -117,10 +108,10 @@ def main() -> int:
         "ray_over_trl_ratio": ours["sec_per_step"] / plain["sec_per_step"],
         "ours": ours,
         "plain_trl": plain,
-        "machine": f"{os.cpu_count()} CPUs, {sys.platform}",
+        "machine": machine(with_platform=True),
     }
     if args.json:
-        print(json.dumps(result, indent=1))
+        print_json(result)
         return 0
     print(f"tiny GRPO run, {args.steps} steps, configs/tiny.yaml (cap 32, no eval), {result['machine']}")
     print(f"{'':24}{'sec/step':>10}{'median step_time':>18}{'first reward':>14}{'wall s':>9}")

@@ -10,7 +10,7 @@ neither arm's training cap decides what the evaluation sees), several samples pe
 the same evaluation seed throughout; every seed in ``--seeds`` trains both arms, and each gain is
 reported with its standard error (from ``eval/score_stderr``) and the spread over seeds.
 
-    python bench/pathologies.py [--steps N] [--seeds 42 43] [--json] [--figure DIR]
+    python -m bench.pathologies [--steps N] [--seeds 42 43] [--json] [--figure DIR]
 
 With ``--figure DIR`` the first seed's two runs also go through `synth-grpo compare`
 (pipeline/report/compare.py): one PNG per metric family and compare.md in DIR.
@@ -19,19 +19,18 @@ With ``--figure DIR`` the first seed's two runs also go through `synth-grpo comp
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from bench.common import REPO, init_local_ray, machine, print_json
+from pipeline.config import load_config
+from pipeline.diagnosis.rules import diagnose
+from pipeline.rundir.files import METRICS, read_metrics
+from pipeline.rundir.metric_names import CAP_METRIC, is_train_row
+from pipeline.training.driver import prepare_run_dir, run_training
 
 # The task, the same for both runs: SYNTH's answers are long (several sentences), longer than the
 # seed's cap; the bundled data's long answers (>= 10 words: explanations, summaries, word problems)
@@ -48,7 +47,6 @@ def _mean(xs: list[float]) -> float | None:
 
 def cap_changes(train: list[dict], band: tuple[float, float] | None) -> dict:
     """How often the cap moved, and how often after the clipped ratio (8-step running mean) entered the band."""
-    from pipeline.rundir.metric_names import CAP_METRIC
 
     caps = [(r["step"], r[CAP_METRIC]) for r in train if CAP_METRIC in r]
     moves = [s for (s, c), (_, prev) in zip(caps[1:], caps) if c != prev]
@@ -66,9 +64,6 @@ def cap_changes(train: list[dict], band: tuple[float, float] | None) -> dict:
 
 def summarize_run(rows: list[dict], config, seconds: float) -> dict:
     """The benchmark's figures from a run's metrics.jsonl rows."""
-    from pipeline.diagnosis.rules import diagnose
-    from pipeline.rundir.metric_names import CAP_METRIC, is_train_row
-
     train = [r for r in rows if is_train_row(r)]
     evals = [r for r in rows if "eval/score" in r]
     n = len(train)
@@ -107,9 +102,6 @@ def summarize_run(rows: list[dict], config, seconds: float) -> dict:
 
 def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval_samples: int,
             eval_every: int | None = None) -> dict:
-    from pipeline.config import load_config
-    from pipeline.rundir.files import METRICS, read_metrics
-    from pipeline.training.driver import prepare_run_dir, run_training
 
     cfg = load_config(RUNS[name], [
         f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
@@ -180,9 +172,9 @@ def main() -> int:
     ap.add_argument("--figure", default=None, help="write the compare plots and compare.md here (e.g. docs/img/pathologies)")
     args = ap.parse_args()
 
-    import ray
+    import ray  # lazy: Ray loads for a run, not for --help
 
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    init_local_ray()
     t0 = time.time()
     arms = [args.only] if args.only else list(RUNS)
     per: dict[str, dict[int, dict]] = {name: {} for name in arms}
@@ -194,23 +186,29 @@ def main() -> int:
                                           args.eval_every)
         figure = None
         if args.figure and not args.only:
-            from pipeline.report.compare import compare as compare_runs
+            from pipeline.report.compare import compare as compare_runs  # lazy: imports matplotlib
 
             table, images = compare_runs([root / f"{name}-{args.seeds[0]}" for name in RUNS], args.figure)
             figure = {"table": str(table), **{k: str(v) for k, v in images.items()}}
     ray.shutdown()
     result = {name: across_seeds(per[name]) for name in arms}
     if args.only:
-        print(json.dumps(result, indent=1))
+        print_json(result)
         return 0
     result["ours_minus_baseline"] = compare(per["ours"], per["baseline"])
     if figure:
         result["figure"] = figure
     result["meta"] = {"steps": args.steps, "seeds": args.seeds, "eval_budget": args.eval_budget,
-                      "eval_samples": args.eval_samples, "seconds": time.time() - t0, "machine": f"{os.cpu_count()} CPUs"}
+                      "eval_samples": args.eval_samples, "seconds": time.time() - t0, "machine": machine()}
     if args.json:
-        print(json.dumps(result, indent=1))
-        return 0
+        print_json(result)
+    else:
+        print_table(result, per, args)
+    return 0
+
+
+def print_table(result: dict, per: dict[str, dict[int, dict]], args: argparse.Namespace) -> None:
+    """The readable form of the result: each seed's figures side by side, then the gains."""
     keys = ["clipped_ratio_tail", "clipped_ratio_last_half", "entropy_retained", "eval_score_first", "eval_score_last",
             "eval_score_gain", "eval_score_gain_se", "kl_to_initial_last", "kl_to_initial_se_last", "eval_eos_rate_last",
             "eval_first_to_last", "frac_reward_zero_std", "reward_std", "cap_changes", "cap_changes_after_entering",
@@ -232,7 +230,6 @@ def main() -> int:
     print(f"total {result['meta']['seconds']:.0f} s")
     if "figure" in result:
         print(f"figure: {result['figure']['table']} and {len(result['figure']) - 1} PNGs beside it")
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,15 +16,14 @@ vs generation, and one big enough that matrix work dominates (hidden 512, 8 laye
 prefix; ``--judge PATH`` uses any local causal LM for both. XQuAD is read from
 ``../shared/data/xquad-de`` beside the repo.
 
-    python bench/rewards.py            # readable table
-    python bench/rewards.py --json     # one JSON object
+    python -m bench.rewards            # readable table
+    python -m bench.rewards --json     # one JSON object
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import os
 import random
 import re
 import statistics
@@ -33,14 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from rewards.judge import GRADES, LLMJudge  # noqa: E402
-from rewards.rouge import rouge_l_batch  # noqa: E402
+from bench.common import print_json  # the offline environment, set before the judge's transformers loads
+from pipeline.data.tiny_models import train_byte_level_bpe
+from rewards.judge import GRADES, RUBRIC, LLMJudge
+from rewards.rouge import rouge_l_batch
 
 GROUP = 8
 
@@ -134,9 +131,6 @@ SHARED_JUDGE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8
 def build_tiny_judge(paragraphs: list[dict], folder: Path, seed: int = 0, sharpen: float = 1.0, **shape) -> Path:
     """Byte-level BPE on XQuAD contexts + random-init Llama (tiny unless ``shape`` says), saved like a hub model."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from pipeline.data.tiny_models import train_byte_level_bpe
-    from rewards.judge import RUBRIC
 
     texts = [p["context"] for p in paragraphs] + [qa["question"] for p in paragraphs for qa in p["qas"]]
     fast = train_byte_level_bpe(texts + [RUBRIC] * 5, 4000, padding_side="left")
@@ -310,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
     with contextlib.redirect_stdout(sys.stderr):  # libraries' prints (DeepSpeed's accelerator line) stay off stdout
         result = measure(args)
     if args.json:
-        print(json.dumps(result))
+        print_json(result, indent=None)
     else:
         print_table(result)
     return result

@@ -174,11 +174,11 @@ def test_layer_activations_equal_saved_tensors_on_cpu(attn, lora, dropout, dtype
     measured = (saved_bytes(3) - saved_bytes(2)) / (b * seq)
     shape = M.ModelShape.from_hf_config(_tiny_config("llama").to_dict(), "test")
     a = torch.tensor([], dtype=tdtype).element_size()
-    x = M._Inputs(shape=shape, judge=(0, None), judge_batch=(1, 1), num_gpus=1, zero_stage=0, offload_optimizer=False,
+    x = M.PlanInputs(shape=shape, judge=(0, None), judge_batch=(1, 1), num_gpus=1, zero_stage=0, offload_optimizer=False,
                   offload_params=False, wbytes=a, lora=lora is not None, lora_r=4, lora_targets=lora or "all-linear",
                   lora_dropout=dropout, grad_ckpt=False, batch=b, steps_per_generation=1, num_generations=2,
                   prompt_len=seq, completion_len=0, beta=0.0, vllm_util=None, attn=attn, fused_logits=True, gpu_gib=None)
-    assert M._layer_activation_bytes(x, seq, mask_bytes=a) == measured
+    assert M.layer_activation_bytes(x, seq, mask_bytes=a) == measured
 
 
 # ---------------------------------------------------------------- behaviour
@@ -235,10 +235,10 @@ def test_max_num_generations_is_the_largest_that_fits():
     plan = M.plan_run(cfg8b(), 48)
     g = plan.max_num_generations
     assert g and g >= 2
-    x = M._inputs(cfg8b(), 48, None)
+    x = M.plan_inputs(cfg8b(), 48, None)
     scaled = lambda n: dataclasses.replace(x, num_generations=n, batch=M.batch_for_generations(x, n, x.num_generations, x.batch))
-    assert M._fits(scaled(g))
-    assert not any(M._fits(scaled(n)) for n in range(g + 1, g + 40))
+    assert M.fits_gpu(scaled(g))
+    assert not any(M.fits_gpu(scaled(n)) for n in range(g + 1, g + 40))
     assert (M.batch_for_generations(x, g, 8, 8) * x.num_gpus * x.steps_per_generation) % g == 0  # TRL's rule
 
 
@@ -254,8 +254,8 @@ def test_completion_length_ceiling_is_the_largest_that_fits():
     cfg = cfg8b()
     c = M.max_completion_length_ceiling(cfg, 48)
     assert c > 0
-    x = M._inputs(cfg, 48, None)
-    assert M._fits(dataclasses.replace(x, completion_len=c)) and not M._fits(dataclasses.replace(x, completion_len=c + 1))
+    x = M.plan_inputs(cfg, 48, None)
+    assert M.fits_gpu(dataclasses.replace(x, completion_len=c)) and not M.fits_gpu(dataclasses.replace(x, completion_len=c + 1))
     assert M.max_completion_length_ceiling(cfg, 10) == 0
 
 
@@ -300,7 +300,7 @@ def test_cli_json_schema():
     assert {"total_gib", "gpu_gib", "fits", "max_num_generations", "components"} <= set(data)
     assert data["gpu_gib"] == M.GPU_PRESETS["A10"][1] and isinstance(data["fits"], bool)
     assert isinstance(data["max_num_generations"], int)
-    assert set(data["components"]) == set(M._ORDER) and all(isinstance(v, float) for v in data["components"].values())
+    assert set(data["components"]) == set(M.COMPONENT_ORDER) and all(isinstance(v, float) for v in data["components"].values())
     off_peak = {"generation": ("activations", "logits"), "training": ("generation_kv_cache", "generation_transient")}[data["peak_phase"]]
     counted = sum(v for k, v in data["components"].items() if k not in off_peak)
     assert counted == pytest.approx(data["total_gib"], abs=0.01)
@@ -327,4 +327,4 @@ def test_cli_unknown_model_exits_2_without_network(monkeypatch, capsys):
 def test_cli_table_mentions_every_component(capsys):
     assert cli_main(["plan", "--config", str(SAUERKRAUT), "--gpu", "A100-80"]) == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in M._ORDER) and "largest num_generations that fits" in out
+    assert all(name in out for name in M.COMPONENT_ORDER) and "largest num_generations that fits" in out

@@ -1,7 +1,8 @@
 """`synth-grpo` command line: train, tune, plan, doctor, compare, build-tiny.
 
-Each subcommand imports its module lazily so `--help` and config errors answer in a second,
-before torch or Ray load. Exit codes: 0 ok, 1 run failed, 2 bad input.
+The subcommands that load Ray, torch or matplotlib (train, tune, compare) import their module
+lazily so `--help` and config errors answer in a second, before those load.
+Exit codes: 0 ok, 1 run failed, 2 bad input.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import argparse
 
 from pipeline.errors import cli_error
 from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
+from pipeline.data.tiny_models import build_tiny_cli
 from pipeline.plan.inert import warn_inert
+from pipeline.plan.plan_cli import plan_cli
+from pipeline.report.doctor import doctor_cli
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -93,34 +97,28 @@ def _inputs_of(args) -> str:
 def _run(args) -> int:
     try:
         if args.command == "build-tiny":
-            from pipeline.data.tiny_models import build_tiny_cli
-
             return build_tiny_cli(args)
         if args.command == "doctor":
-            from pipeline.report.doctor import doctor_cli
-
             return doctor_cli(args)
         if args.command == "compare":
-            from pipeline.report.compare import compare_cli
+            from pipeline.report.compare import compare_cli  # lazy: imports matplotlib
 
             return compare_cli(args)
         cfg = load_config(args.config, args.overrides)
         if args.command in ("train", "tune"):  # before Ray: one warning line per setting that cannot change the run
             warn_inert(cfg)
-            from pipeline.training.driver import bind_embedded_ray_to_loopback
+            from pipeline.training.driver import bind_embedded_ray_to_loopback  # lazy: the train path, which loads ray and torch
 
             bind_embedded_ray_to_loopback(args.address)
         if args.command == "train":
-            from pipeline.training.driver import train_cli
+            from pipeline.training.driver import train_cli  # lazy: loads ray and torch
 
             return train_cli(cfg, args)
         if args.command == "tune":
-            from pipeline.tune.tuner import tune_cli
+            from pipeline.tune.tuner import tune_cli  # lazy: imports ray
 
             return tune_cli(cfg, args)
         if args.command == "plan":
-            from pipeline.plan.memory import plan_cli
-
             return plan_cli(cfg, args)
     except ConfigError as e:
         return cli_error(args.command, "invalid config", e.problems)

@@ -109,8 +109,8 @@ def _sft_examples(tokenizer, records: list[dict]) -> list[tuple[list[int], int]]
 
 def build(recipe: TinyRecipe = TinyRecipe(), out: Path | None = None, log=print) -> Path:
     """Train tokenizer + warm-start the policy; returns the saved folder."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import torch  # lazy: only building the tiny models needs torch
+    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: imports torch
 
     target = out or policy_dir(recipe)
     t0 = time.time()
@@ -132,15 +132,7 @@ def build(recipe: TinyRecipe = TinyRecipe(), out: Path | None = None, log=print)
     ema, step = None, 0
     model.train()
     for step in range(1, recipe.max_sft_steps + 1):
-        batch = rng.sample(examples, recipe.batch_size)
-        width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
-        labels = torch.full((len(batch), width), -100)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (ids, plen) in enumerate(batch):
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            labels[i, plen : len(ids)] = torch.tensor(ids[plen:])
-            mask[i, : len(ids)] = 1
+        input_ids, mask, labels = _sft_batch(rng.sample(examples, recipe.batch_size), tokenizer.pad_token_id)
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -154,21 +146,41 @@ def build(recipe: TinyRecipe = TinyRecipe(), out: Path | None = None, log=print)
     model.eval()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    _save_atomic(model, tokenizer, target, {"recipe": asdict(recipe), "sft_steps": step, "sft_loss": ema,
+                                            "seconds": time.time() - t0})
+    if log:
+        log(f"build-tiny: {target} (SFT {step} steps, loss {ema:.2f}, {time.time() - t0:.0f}s)")
+    return target
+
+
+def _sft_batch(batch: list[tuple[list[int], int]], pad_id: int):
+    """(input_ids, attention_mask, labels) of (token ids, prompt length) pairs, right-padded; the loss
+    counts the answer tokens only."""
+    import torch  # lazy: only building the tiny models needs torch
+
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), width), pad_id)
+    labels = torch.full((len(batch), width), -100)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, (ids, plen) in enumerate(batch):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, plen : len(ids)] = torch.tensor(ids[plen:])
+        mask[i, : len(ids)] = 1
+    return input_ids, mask, labels
+
+
+def _save_atomic(model, tokenizer, target: Path, meta: dict) -> None:
+    """Save to a temporary sibling folder, then rename it into place."""
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / "synth_grpo_tiny.json").write_text(
-        json.dumps({"recipe": asdict(recipe), "sft_steps": step, "sft_loss": ema, "seconds": time.time() - t0}, indent=1)
-    )
+    (tmp / "synth_grpo_tiny.json").write_text(json.dumps(meta, indent=1))
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         tmp.rename(target)  # atomic: a concurrent builder either wins or finds it done
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-    if log:
-        log(f"build-tiny: {target} (SFT {step} steps, loss {ema:.2f}, {time.time() - t0:.0f}s)")
-    return target
 
 
 def ensure_tiny(recipe: TinyRecipe = TinyRecipe(), root: Path | None = None, force: bool = False, log=print) -> Path:

@@ -50,9 +50,12 @@ def _changed(section: Any, names: tuple[str, ...]) -> list[str]:
 
 def inert_settings(cfg: RunConfig) -> list[str]:
     """One line per setting that cannot change this run: 'field has no effect: why; what would make it act'."""
+    return _clipping_inert(cfg) + _entropy_inert(cfg) + _schedule_inert(cfg) + _modes_off_inert(cfg)
+
+
+def _clipping_inert(cfg: RunConfig) -> list[str]:
     out: list[str] = []
     o, g, gr = cfg.optimization, cfg.generation, cfg.grpo
-
     # PPO clipping: with the ratio exactly 1 nothing is ever clipped.
     ga, spg, iters = o.gradient_accumulation_steps, g.steps_per_generation, gr.num_iterations
     if gr.loss_type in CLIP_LOSSES and one_step_per_rollout(ga, spg, iters):
@@ -67,7 +70,12 @@ def inert_settings(cfg: RunConfig) -> list[str]:
         out += [f"grpo.{n} has no effect: grpo.loss_type sapo replaces clipping with a soft gate" for n in names]
     elif gr.loss_type == "cispo" and gr.epsilon_high is not None:
         out.append("grpo.epsilon has no effect: grpo.loss_type cispo caps the ratio at grpo.epsilon_high only")
+    return out
 
+
+def _entropy_inert(cfg: RunConfig) -> list[str]:
+    out: list[str] = []
+    gr = cfg.grpo
     # entropy controller (TRL reads these only with use_adaptive_entropy)
     if not gr.adaptive_entropy:
         out += [f"grpo.{n} has no effect: grpo.adaptive_entropy is false (the entropy bonus is the fixed grpo.entropy_coef)"
@@ -76,12 +84,22 @@ def inert_settings(cfg: RunConfig) -> list[str]:
         knob = "entropy_coef_max" if gr.entropy_coef_max == 0 else "entropy_coef_delta"
         out.append(f"grpo.adaptive_entropy has no effect: the bonus starts at grpo.entropy_coef 0 and grpo.{knob} 0 "
                    "keeps it there")
+    return out
 
+
+def _schedule_inert(cfg: RunConfig) -> list[str]:
+    out: list[str] = []
+    o = cfg.optimization
     # learning-rate schedule: transformers' "constant" schedule takes no warmup
     if o.lr_scheduler_type == "constant" and o.warmup_ratio > 0:
         out.append("optimization.warmup_ratio has no effect: lr_scheduler_type 'constant' has no warmup "
                    "(use 'constant_with_warmup')")
+    return out
 
+
+def _modes_off_inert(cfg: RunConfig) -> list[str]:
+    out: list[str] = []
+    g = cfg.generation
     # modes that are off
     if not cfg.adaptive_length:
         a = g.adaptive

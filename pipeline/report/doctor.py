@@ -14,6 +14,7 @@ from pipeline.diagnosis.history import History
 from pipeline.report.markdown import doctor, findings_text, input_warnings
 from pipeline.diagnosis.rules import RULES, Finding, RuleSettings, check, diagnose
 from pipeline.report.run_reader import RunDirError, load_run
+from pipeline.rundir.storage import StorageError, is_uri, local_copy
 
 __all__ = ["RULES", "Finding", "History", "RunDirError", "RuleSettings", "check", "diagnose", "doctor", "doctor_cli",
            "load_run"]
@@ -22,8 +23,6 @@ __all__ = ["RULES", "Finding", "History", "RunDirError", "RuleSettings", "check"
 def doctor_cli(args) -> int:
     """`synth-grpo doctor RUN_DIR [--json]`: 0 when diagnosed (findings or not), 2 for bad input."""
     try:
-        from pipeline.rundir.storage import StorageError, is_uri, local_copy
-
         run_dir = args.run_dir
         if is_uri(run_dir):  # a run in output.storage: read it with no node alive
             run_dir = local_copy(run_dir)

@@ -67,7 +67,7 @@ def doctor(run_dir: str | Path, settings: RuleSettings | None = None,
     findings = diagnose(h, settings, run.config)
     written: dict[str, Path] = {}
     if plots:
-        from pipeline.report.plots import plot_run
+        from pipeline.report.plots import plot_run  # lazy: imports matplotlib
 
         written = plot_run(run.rows, run.path, findings, run.config)
     report = write_report(run, h, findings, written)

@@ -107,8 +107,16 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
     config's length schedule is drawn, so a cap that never reached generation shows."""
     out, findings = Path(out_dir), list(findings)
     keys = {k for r in rows for k in r}
+    plotters = {"reward": _plot_reward, "entropy": _plot_entropy, "length": _plot_length, "clip_ratio": _plot_clip_ratio}
     written: dict[str, Path] = {}
+    for name, plot in plotters.items():
+        fig = plot(rows, keys, findings, config)
+        if fig is not None:
+            written[name] = save_png(fig, out / f"{name}.png")
+    return written
 
+
+def _plot_reward(rows, keys: set[str], findings: list, config) -> Figure | None:
     comps = sorted(k for k in keys if k.startswith("rewards/") and k.endswith("/mean") and len(k) <= 100)[:12]
     if "reward" in keys or comps:
         fig = Figure(figsize=(9, 6))
@@ -126,8 +134,11 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         for k in comps:
             _line(ax2, rows, k, label=k.split("/")[1])
         _finish(ax2, "reward components (rewards/<name>/mean)", findings, "reward")
-        written["reward"] = save_png(fig, out / "reward.png")
+        return fig
+    return None
 
+
+def _plot_entropy(rows, keys: set[str], findings: list, config) -> Figure | None:
     if "entropy" in keys:
         fig = Figure(figsize=(9, 3.5))
         ax = fig.subplots()
@@ -135,8 +146,11 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         if "entropy_coef" in keys:
             _line(ax.twinx(), rows, "entropy_coef", color="tab:grey", linestyle="--")
         _finish(ax, "entropy", findings, "entropy")
-        written["entropy"] = save_png(fig, out / "entropy.png")
+        return fig
+    return None
 
+
+def _plot_length(rows, keys: set[str], findings: list, config) -> Figure | None:
     if keys & {"completions/mean_length", "completions/max_length", "completions/clipped_ratio"}:
         fig = Figure(figsize=(9, 4))
         ax = fig.subplots()
@@ -151,8 +165,11 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         ax2.set_ylim(-0.05, 1.05)
         ax2.set_ylabel("clipped ratio")
         _finish(ax, "completion length and clipped ratio", findings, "length", twin=ax2)
-        written["length"] = save_png(fig, out / "length.png")
+        return fig
+    return None
 
+
+def _plot_clip_ratio(rows, keys: set[str], findings: list, config) -> Figure | None:
     clip_keys = [k for k in ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean") if k in keys]
     if clip_keys or keys & {"reward_std", "frac_reward_zero_std"}:
         fig = Figure(figsize=(9, 6))
@@ -163,5 +180,5 @@ def plot_run(rows: list[Mapping[str, Any]], out_dir: str | Path, findings: Itera
         _line(ax2, rows, "reward_std")
         _line(ax2, rows, "frac_reward_zero_std")
         _finish(ax2, "group signal", findings, "clip_ratio")
-        written["clip_ratio"] = save_png(fig, out / "clip_ratio.png")
-    return written
+        return fig
+    return None

@@ -19,6 +19,9 @@ from typing import Any, Mapping, Sequence
 import ray
 
 from pipeline.config import RunConfig
+from rewards.eos import eos_component_batch
+from rewards.length import length_similarity_batch
+from rewards.rouge import rouge_l_batch
 
 POOL_NAMESPACE = "synth_grpo"
 # How long a batch waits for actors that Ray is restarting (judge.max_restarts) before the waits
@@ -48,9 +51,9 @@ class JudgeWorker(_ActorProcess):
     """Holds one frozen judge model for the life of the actor."""
 
     def __init__(self, backend: str, model: str, max_input_tokens: int, use_gpu: bool, batch_size: int = 64):
-        import torch
+        import torch  # lazy: only the judge's actor process loads torch
 
-        from rewards.judge import load_judge
+        from rewards.judge import load_judge  # lazy: imports torch and transformers
 
         device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
         t0 = time.perf_counter()
@@ -93,18 +96,12 @@ class ScorerWorker(_ActorProcess):
     """ROUGE-L, length similarity and termination shaping: pure functions from rewards/."""
 
     def rouge_l(self, candidates: list[str], references: list[str]) -> list[float]:
-        from rewards.rouge import rouge_l_batch
-
         return rouge_l_batch(candidates, references)
 
     def length(self, candidates: list[str], references: list[str]) -> list[float]:
-        from rewards.length import length_similarity_batch
-
         return length_similarity_batch(candidates, references)
 
     def eos(self, completion_ids: list[list[int]], eos_token_ids: list[int], max_len: int, kwargs: dict) -> list[float]:
-        from rewards.eos import eos_component_batch
-
         return eos_component_batch(completion_ids, eos_token_ids, max_len, **kwargs)
 
     def warm_up(self) -> None:

@@ -25,11 +25,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import ray
 import yaml
 
-from pipeline.errors import cli_error
 from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path, read_yaml
-from pipeline.rundir.files import ADAPTER_DIR, CONFIG, METRICS, read_metrics, write_atomic
+from pipeline.console.live import quiet_environment
+from pipeline.console.trials import TrialBoard, tune_console_callback
+from pipeline.data.sources import DataError, check_source
+from pipeline.errors import cli_error
+from pipeline.rundir.files import ADAPTER_DIR, CONFIG, METRICS, WORKER_DIRS, read_metrics, write_atomic
+from pipeline.rundir.lease import LeaseHeld, run_holding_leases
+from pipeline.rundir.storage import StorageError, check_writable, name_problem, run_store
+from pipeline.scoring.pool import RewardPoolError, judge_actor_options, start_pool, stop_pool, training_worker_gpus
+from pipeline.training.driver import (FATAL_FILE, RayUnreachable, build_trainer, gpu_length_ceiling, init_ray,
+                                      prepare_run_dir, raise_if_fatal)
+from pipeline.training.elastic import worker_range
 from pipeline.tune.search_space import SearchSpace, SpaceError, load_space, parse_space
 
 OBJECTIVE = "eval/score"
@@ -96,10 +106,7 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
     ``trials_store``: the search's ``trials/`` folder in storage; its filesystem holds no credentials,
     so the trial's process authenticates from its own environment (pipeline.rundir.storage.filesystem).
     """
-    from ray import tune
-
-    from pipeline.rundir.files import WORKER_DIRS
-    from pipeline.training.driver import FATAL_FILE, build_trainer, gpu_length_ceiling, prepare_run_dir, raise_if_fatal
+    from ray import tune  # lazy: Ray Tune loads only where a search runs
 
     trial_id = tune.get_context().get_trial_id()
     cfg = space.trial_config(base, params)
@@ -139,9 +146,6 @@ def _trial_dirname(trial) -> str:
 
 def max_concurrent_trials(cfg: RunConfig, resources: dict[str, float]) -> int:
     """Trials that fit beside the shared pool: (cluster - pool) / (trial driver + workers), at least 1."""
-    from pipeline.training.elastic import worker_range
-    from pipeline.scoring.pool import judge_actor_options, training_worker_gpus
-
     d, j = cfg.distributed, cfg.judge
     judge = judge_actor_options(cfg)
     workers = worker_range(cfg)[1]
@@ -188,94 +192,130 @@ def run_search(cfg: RunConfig, space: SearchSpace | None, name: str | None = Non
     On resume the base config and space saved with the experiment are used, so the finished
     trials and the rest are one search.
     """
-    import ray
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-
-    from pipeline.scoring.pool import start_pool, stop_pool
-    from pipeline.rundir.storage import run_store
-    from pipeline.training.driver import init_ray
-
     name, exp_dir = experiment_dir(cfg, name)
     store = run_store(cfg, exp_dir, name=name)  # <output.storage>/<name>/
-    tune_dir = exp_dir / TUNE_DIR
     # Where Tune keeps its experiment state: the storage folder when there is one, else the local folder.
-    tune_path, tune_fs = (f"{store.path}/{TUNE_DIR}", store.fs) if store else (str(tune_dir), None)
+    tune_path, tune_fs = (f"{store.path}/{TUNE_DIR}", store.fs) if store else (str(exp_dir / TUNE_DIR), None)
     if resume:
-        if store is not None:  # a machine that never saw the search: its saved base config and space first
-            store.pull(exp_dir, [BASE_CONFIG, SPACE_COPY], only_larger=False)
-        if not tune.Tuner.can_restore(tune_path, storage_filesystem=tune_fs):
-            where = store.uri + "/" + TUNE_DIR if store else tune_dir
-            raise ConfigError([f"--resume: no search to resume at {where} (check --config's output.root, output.storage and --name)"])
-        base = config_from_dict(read_yaml(exp_dir / BASE_CONFIG))
-        space = parse_space(read_yaml(exp_dir / SPACE_COPY), str(exp_dir / SPACE_COPY))
-        if log:
-            log(f"[tune] resuming {exp_dir} with its saved {BASE_CONFIG} and {SPACE_COPY}")
+        base, space = _resumed_search(exp_dir, store, tune_path, tune_fs, log)
     else:
-        if space is None:
-            raise ConfigError(["--space: a search space is required"])
-        if tune_dir.exists():
-            raise ConfigError([f"--name: a search already exists at {exp_dir}; pass --resume to continue it, or another --name"])
-        base = resolve_base(cfg)
-        _check_base(base, space)
-        exp_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(exp_dir / BASE_CONFIG, base.to_yaml())
-        write_atomic(exp_dir / SPACE_COPY, yaml.safe_dump(space.raw, sort_keys=False))
-        if store is not None:
-            store.push(exp_dir, [BASE_CONFIG, SPACE_COPY])
+        base = _new_search(cfg, space, exp_dir, store)
     base_dict = base.to_dict()
-    callbacks, mode = list(tune_callbacks), base.logging.console
-    if log and mode != "verbose":  # the CLI's console: trial events and a live table instead of Tune's reporter
-        from pipeline.console.trials import TrialBoard, tune_console_callback
-
-        callbacks.append(tune_console_callback(TrialBoard(lambda p: describe_trial(space, base_dict, p), mode)))
+    callbacks = list(tune_callbacks)
+    if log and base.logging.console != "verbose":  # the CLI's console: trial events and a live table instead of Tune's reporter
+        callbacks.append(tune_console_callback(TrialBoard(lambda p: describe_trial(space, base_dict, p), base.logging.console)))
 
     init_ray(None, log=log)
     concurrency = max_concurrent_trials(base, ray.cluster_resources())
     alg, alg_name = search_algorithm(base.optimization.seed)
-    # Rungs strictly before the last step: a trial that ran every step saves its adapter, never cut off there.
-    max_t = max(1, base.optimization.max_steps - 1)
-    scheduler = ASHAScheduler(
-        time_attr=TIME_ATTR, max_t=max_t, grace_period=min(space.grace_period or base.eval.every_steps, max_t),
-        reduction_factor=space.reduction_factor, stop_last_trials=False,
-    )
     pool = start_pool(base, name=f"{name}-pool")
-    trainable = tune.with_resources(
+    trainable = _trainable(base_dict, space, pool, exp_dir, store)
+    if log:
+        log(f"[tune] {exp_dir}: search {alg_name}, ASHA on {OBJECTIVE} by {TIME_ATTR} (rungs below step {_last_rung(base) + 1}), "
+            f"{concurrency} trial(s) at a time on {ray.cluster_resources().get('CPU', 0):g} CPUs")
+    try:
+        if resume:
+            tuner = _restored_tuner(tune_path, tune_fs, trainable)
+        else:
+            tuner = _new_tuner(trainable, base, space, alg, samples, concurrency, callbacks, tune_fs,
+                               store.path if store else str(exp_dir))
+        tuner.fit()
+    finally:
+        stop_pool(pool)
+    return _collect_outcome(tune_path, tune_fs, store, exp_dir, space, base, name, alg_name)
+
+
+def _resumed_search(exp_dir: Path, store, tune_path: str, tune_fs, log) -> tuple[RunConfig, SearchSpace]:
+    """The base config and space a search was started with, read back from its folder (or its storage)."""
+    from ray import tune  # lazy: Ray Tune loads only where a search runs
+
+    if store is not None:  # a machine that never saw the search: its saved base config and space first
+        store.pull(exp_dir, [BASE_CONFIG, SPACE_COPY], only_larger=False)
+    if not tune.Tuner.can_restore(tune_path, storage_filesystem=tune_fs):
+        where = store.uri + "/" + TUNE_DIR if store else exp_dir / TUNE_DIR
+        raise ConfigError([f"--resume: no search to resume at {where} (check --config's output.root, output.storage and --name)"])
+    base = config_from_dict(read_yaml(exp_dir / BASE_CONFIG))
+    space = parse_space(read_yaml(exp_dir / SPACE_COPY), str(exp_dir / SPACE_COPY))
+    if log:
+        log(f"[tune] resuming {exp_dir} with its saved {BASE_CONFIG} and {SPACE_COPY}")
+    return base, space
+
+
+def _new_search(cfg: RunConfig, space: SearchSpace | None, exp_dir: Path, store) -> RunConfig:
+    """A new search's base config, checked against the space and saved with it for ``--resume``."""
+    if space is None:
+        raise ConfigError(["--space: a search space is required"])
+    if (exp_dir / TUNE_DIR).exists():
+        raise ConfigError([f"--name: a search already exists at {exp_dir}; pass --resume to continue it, or another --name"])
+    base = resolve_base(cfg)
+    _check_base(base, space)
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(exp_dir / BASE_CONFIG, base.to_yaml())
+    write_atomic(exp_dir / SPACE_COPY, yaml.safe_dump(space.raw, sort_keys=False))
+    if store is not None:
+        store.push(exp_dir, [BASE_CONFIG, SPACE_COPY])
+    return base
+
+
+def _last_rung(base: RunConfig) -> int:
+    """ASHA's max_t: rungs strictly before the last step, so a trial that ran every step (and saved its
+    adapter) is never cut off there."""
+    return max(1, base.optimization.max_steps - 1)
+
+
+def _trainable(base_dict: dict[str, Any], space: SearchSpace, pool, exp_dir: Path, store):
+    """`tune_trial` bound to the search's base, space and shared pool, on a small CPU bundle of its own."""
+    from ray import tune  # lazy: Ray Tune loads only where a search runs
+
+    return tune.with_resources(
         tune.with_parameters(tune_trial, base=base_dict, space=space, pool=pool, trials_dir=str(exp_dir / TRIALS_DIR),
                              trials_store=store.child(TRIALS_DIR) if store else None),
         tune.PlacementGroupFactory([{"CPU": TRIAL_DRIVER_CPUS}]),
     )
-    if log:
-        log(f"[tune] {exp_dir}: search {alg_name}, ASHA on {OBJECTIVE} by {TIME_ATTR} (rungs below step {max_t + 1}), "
-            f"{concurrency} trial(s) at a time on {ray.cluster_resources().get('CPU', 0):g} CPUs")
-    try:
-        if resume:
-            tuner = tune.Tuner.restore(tune_path, trainable=trainable, resume_unfinished=True, resume_errored=False,
-                                       storage_filesystem=tune_fs)
-        else:
-            tuner = tune.Tuner(
-                trainable,
-                param_space=space.to_tune(),
-                tune_config=tune.TuneConfig(
-                    metric=OBJECTIVE, mode="max", search_alg=alg, scheduler=scheduler,
-                    num_samples=samples or space.num_samples, max_concurrent_trials=concurrency,
-                    trial_dirname_creator=_trial_dirname,
-                ),
-                run_config=tune.RunConfig(
-                    name=TUNE_DIR, storage_path=store.path if store else str(exp_dir), storage_filesystem=tune_fs,
-                    callbacks=callbacks,
-                    verbose=None if mode == "verbose" else 0,
-                    failure_config=tune.FailureConfig(max_failures=0),  # Ray Train retries inside a trial
-                ),
-            )
-        tuner.fit()
-    finally:
-        stop_pool(pool)
 
+
+def _restored_tuner(tune_path: str, tune_fs, trainable):
+    from ray import tune  # lazy: Ray Tune loads only where a search runs
+
+    return tune.Tuner.restore(tune_path, trainable=trainable, resume_unfinished=True, resume_errored=False,
+                              storage_filesystem=tune_fs)
+
+
+def _new_tuner(trainable, base: RunConfig, space: SearchSpace, alg, samples: int | None, concurrency: int,
+               callbacks: list, tune_fs, storage_path: str):
+    """A Tuner maximizing the objective with ASHA over the steps; Tune's own reporter only in verbose mode."""
+    from ray import tune  # lazy: Ray Tune loads only where a search runs
+    from ray.tune.schedulers import ASHAScheduler  # lazy: Ray Tune loads only where a search runs
+
+    max_t = _last_rung(base)
+    scheduler = ASHAScheduler(
+        time_attr=TIME_ATTR, max_t=max_t, grace_period=min(space.grace_period or base.eval.every_steps, max_t),
+        reduction_factor=space.reduction_factor, stop_last_trials=False,
+    )
+    return tune.Tuner(
+        trainable,
+        param_space=space.to_tune(),
+        tune_config=tune.TuneConfig(
+            metric=OBJECTIVE, mode="max", search_alg=alg, scheduler=scheduler,
+            num_samples=samples or space.num_samples, max_concurrent_trials=concurrency,
+            trial_dirname_creator=_trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR, storage_path=storage_path, storage_filesystem=tune_fs,
+            callbacks=callbacks,
+            verbose=None if base.logging.console == "verbose" else 0,
+            failure_config=tune.FailureConfig(max_failures=0),  # Ray Train retries inside a trial
+        ),
+    )
+
+
+def _collect_outcome(tune_path: str, tune_fs, store, exp_dir: Path, space: SearchSpace, base: RunConfig, name: str,
+                     alg_name: str) -> SearchOutcome:
+    """The finished search's table, results.csv and best.yaml (also pushed to storage)."""
     trials = saved_trials(tune_path, tune_fs)
     if store is not None:  # trials ran on other nodes: their files, as far as this table needs them
         pull_trials(store.child(TRIALS_DIR), [t[0] for t in trials], exp_dir / TRIALS_DIR)
-    rows, columns, interrupted = collect_rows(trials, space, base_dict, exp_dir)
+    rows, columns, interrupted = collect_rows(trials, space, base.to_dict(), exp_dir)
     results_csv = write_results_csv(rows, columns, exp_dir / RESULTS_CSV)
     best = write_best_config(rows, space, base, name, exp_dir / BEST_CONFIG)
     if store is not None:
@@ -418,18 +458,10 @@ def write_best_config(rows: list[dict], space: SearchSpace, base: RunConfig, nam
 def tune_cli(cfg: RunConfig, args) -> int:
     """`synth-grpo tune`: the search's lease (run_lease.py, on ``<output.root>/<name>/`` and its storage
     folder) is held from before anything of the search is written until the command returns."""
-    from pipeline.rundir.lease import run_holding_leases
-
     return run_holding_leases("tune", lambda leases: _tune_cli(cfg, args, leases))
 
 
 def _tune_cli(cfg: RunConfig, args, leases) -> int:
-    from pipeline.data.sources import DataError, check_source
-    from pipeline.rundir.lease import LeaseHeld
-    from pipeline.scoring.pool import RewardPoolError
-    from pipeline.rundir.storage import StorageError, check_writable, name_problem, run_store
-    from pipeline.training.driver import RayUnreachable, init_ray
-
     if args.samples is not None and args.samples < 1:
         return cli_error("tune", f"--samples {args.samples}: must be >= 1")
     try:
@@ -457,8 +489,6 @@ def _tune_cli(cfg: RunConfig, args, leases) -> int:
                                      "output.storage and --name)")
     except (StorageError, LeaseHeld) as e:
         return cli_error("tune", e)
-    from pipeline.console.live import quiet_environment
-
     quiet_environment(cfg.logging.console)
     try:
         check_source(cfg.data)
