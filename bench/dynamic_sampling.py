@@ -1,10 +1,10 @@
 """Dynamic sampling, measured: the same run with and without it, where many groups are near-constant.
 
-The setting is the seed's (`configs/seed-baseline.yaml`: 4 generations, a fixed cap of 8 -> 12
+The setting is the baseline run's (`configs/seed-baseline.yaml`: 4 generations, a fixed cap of 8 -> 12
 tokens below the policy's natural answers, `grpo` loss) on the long-answer task of
 bench/pathologies.py, trained on a sparse binary reward: the EOS term alone (+0.1 if the completion
 stopped, -0.1 if the cap cut it), like DAPO's 0/1 accuracy reward. With most completions cut,
-many groups of 4 are all cut (or all stopped) and tie exactly. (With the seed's own blend, ROUGE-L
+many groups of 4 are all cut (or all stopped) and tie exactly. (With the baseline run's own blend, ROUGE-L
 and the self-judge's continuous grade leave no group below 0.01 on the tiny policy: measured, see
 docs/benchmarks.md.) Both arms: the same tiny policy, data, steps and seed, one after the other in this process
 (TRL's GRPOTrainer built by `pipeline.training.worker.build_grpo_trainer`, the reward pool's Ray actors,

@@ -399,7 +399,7 @@ def probed_worker_loop():
 
 
 def _bench_rewards():
-    """bench/rewards.py: the seed's generate-and-parse judge and its parser."""
+    """bench/rewards.py: the baseline run's generate-and-parse judge and its parser."""
     return importlib.import_module("bench.rewards")
 
 

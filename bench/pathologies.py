@@ -1,10 +1,10 @@
-"""The headline claim, measured: the seed's settings against ours, same policy, data, steps and seed.
+"""The headline claim, measured: the baseline run's settings against ours, same policy, data, steps and seed.
 
 Trains the offline tiny policy twice in one Ray session: `configs/seed-baseline.yaml` (self-judging,
-no EOS reward, no entropy control, 4 generations, the seed's learning rate, a fixed length schedule
-below the policy's natural answer length, as the seed's 160 tokens were) and the project's default
+no EOS reward, no entropy control, 4 generations, the baseline run's learning rate, a fixed length schedule
+below the policy's natural answer length, as the baseline run's 160 tokens were) and the project's default
 (`configs/tiny.yaml`: frozen judge, EOS reward, adaptive cap, adaptive entropy, clip-higher,
-8 generations). Reports per run what the seed's author saw only after 18,000 steps, and the
+8 generations). Reports per run what the baseline run's author saw only after 18,000 steps, and the
 doctor's findings. Both are evaluated the same way: a fixed budget (``--eval-budget`` tokens, so
 neither arm's training cap decides what the evaluation sees), several samples per held-out prompt,
 the same evaluation seed throughout; every seed in ``--seeds`` trains both arms, and each gain is
@@ -35,7 +35,7 @@ from pipeline.training.driver import prepare_run_dir, run_training
 # The task, the same for both runs: SYNTH's answers are long (several sentences), longer than the
 # seed's cap; the bundled data's long answers (>= 10 words: explanations, summaries, word problems)
 # give the tiny policy that profile. With all the short answers in, the tiny policy stops on its
-# own well before any cap and neither run can show the seed's length pathology.
+# own well before any cap and neither run can show the baseline run's length pathology.
 TASK = ["data.min_reference_words=10"]
 RUNS = {"baseline": REPO / "configs" / "seed-baseline.yaml", "ours": REPO / "configs" / "tiny.yaml"}
 

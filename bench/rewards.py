@@ -2,7 +2,7 @@
 
 * ROUGE-L: this project's Unicode-word ROUGE-L (compiled LCS) vs the ``rouge-score`` package,
   per pair, on 120-160-word answers in groups of 8 completions per reference.
-* Judge: the seed's way (generate text with the judge, parse a number) vs one forward pass with a
+* Judge: the baseline run's way (generate text with the judge, parse a number) vs one forward pass with a
   softmax over the grade tokens, on the same judge model and the same prompts: scores per second
   with 16 and 64 generated tokens, the parse-failure rate of the generative way, and the fraction
   of groups of 8 whose judge scores have zero variance (no GRPO signal) under each.
@@ -177,7 +177,7 @@ _NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
 
 
 def parse_grade(text: str) -> float | None:
-    """The seed's way: the first number in the generated text, if it is a valid grade."""
+    """The baseline run's way: the first number in the generated text, if it is a valid grade."""
     m = _NUMBER.search(text)
     if not m:
         return None
@@ -187,7 +187,7 @@ def parse_grade(text: str) -> float | None:
 
 
 def generative_scores(judge: LLMJudge, batch, max_new_tokens: int) -> tuple[list[float], int, float]:
-    """Generate with the judge on the same prompt ids, parse; failures score 0 as in the seed."""
+    """Generate with the judge on the same prompt ids, parse; failures score 0 as in the baseline run."""
     ids, mask, _ = judge._pad(judge.build_batch(*batch), "left")  # generation needs left padding
     width = ids.shape[1]
     with torch.inference_mode():

@@ -1,6 +1,6 @@
 """Termination shaping: reward stopping with EOS, penalize running into the length cap.
 
-The seed's policy never emitted EOS (clipped ratio 1.0), and when every completion is cut every
+The baseline run's policy never emitted EOS (clipped ratio 1.0), and when every completion is cut every
 length-based reward is equal within a group, so GRPO gets no signal. These terms make stopping
 worth something. All take the completion token ids as TRL passes them to reward functions
 (the EOS id is the last id when the completion terminated) and the *current* maximum completion

@@ -1,6 +1,6 @@
 """Frozen judges that score answers in one forward pass, with no text generation or parsing.
 
-The seed let the policy judge itself by generating text and parsing a number: the signal drifted
+The baseline run let the policy judge itself by generating text and parsing a number: the signal drifted
 with the policy, parsing failed, and integer grades left groups with zero variance. Here:
 
 * ``LLMJudge``: a causal LM reads a German rubric prompt (question, reference answer, candidate
@@ -12,7 +12,7 @@ with the policy, parsing failed, and integer grades left groups with zero varian
 * ``EmbeddingJudge``: cosine similarity of candidate and reference sentence-transformers
   embeddings, rescaled ``(1 + cos) / 2`` to [0, 1]. Ignores the question. Each distinct reference
   and each distinct candidate is embedded once per call.
-* backend ``self``: an ``LLMJudge`` wrapping the live policy, only to reproduce the seed.
+* backend ``self``: an ``LLMJudge`` wrapping the live policy, only to reproduce the baseline run.
 
 Judges are frozen (eval mode, ``requires_grad`` off, ``torch.inference_mode``) and loaded once.
 An empty (whitespace-only) candidate scores 0 without being run through the model.
@@ -479,7 +479,7 @@ def load_judge(backend: str, model: str, *, device: str = "cpu", max_input_token
 
 
 class SelfJudge:
-    """The seed's self-judging, reproduced: the live policy scores its own completions.
+    """The baseline run's self-judging, reproduced: the live policy scores its own completions.
 
     The policy is the trainer's model, which exists only once the trainer is built, so ``trainer``
     is set afterwards and the ``self`` judge is made at the first call.

@@ -1,6 +1,6 @@
 """One TRL reward function per component, so TRL logs ``rewards/<name>/mean`` and ``/std`` for each.
 
-The seed logged only its blended reward. Here TRL combines the components itself with
+The baseline run logged only its blended reward. Here TRL combines the components itself with
 ``GRPOConfig.reward_weights``; each function's ``__name__`` (``rouge_l``, ``length``, ``judge``,
 ``eos``) becomes its metric name. These are the in-process forms; the Ray reward pool offers the
 same components as async clients elsewhere.

@@ -34,7 +34,7 @@ def test_seed_and_real_configs_say_what_the_issue_asks():
     assert real.data.source == "synth" and real.data.language == "de"
     seed = load_config(REPO / "configs" / "seed-baseline.yaml")
     assert seed.judge.backend == "self" and seed.rewards.weights["eos"] == 0
-    # The seed's 5e-5 was 2.5x our 2e-5; the tiny learning rates were raised (issue 16) in that proportion.
+    # The baseline run's 5e-5 was 2.5x our 2e-5; the tiny learning rates were raised (issue 16) in that proportion.
     ours = load_config(REPO / "configs" / "tiny.yaml")
     assert seed.generation.num_generations == 4
     assert seed.optimization.learning_rate == pytest.approx(2.5 * ours.optimization.learning_rate)

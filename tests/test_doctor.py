@@ -1,5 +1,5 @@
 """Training health rules, live callback, report/plots and the `doctor` CLI, on synthetic metric
-streams: one that reproduces the seed's run, one healthy, one the size of a tiny run."""
+streams: one that reproduces the baseline run's run, one healthy, one the size of a tiny run."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pipeline.rundir.files import read_jsonl
 REPO = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-# The seed's settings (see configs/seed-baseline.yaml and the seed notes): self-judge, 4 generations,
+# The baseline run's settings (see configs/seed-baseline.yaml and the seed notes): self-judge, 4 generations,
 # LR 5e-5, no EOS reward, no entropy control, 160 tokens raised to 256 at step 500, 18,000 steps.
 SEED_CONFIG = {
     "generation": {"num_generations": 4, "temperature": 1.0, "max_completion_length": 160, "length_schedule": [[500, 256]]},
@@ -112,7 +112,7 @@ def test_seed_stream_fires_every_rule_with_advice():
     assert found["zero_variance_groups"].first_step <= 20
     assert found["entropy_collapse"].first_step <= 400
     assert 500 <= found["length_schedule_ignored"].first_step <= 520
-    assert 1000 <= found["reward_plateau"].first_step <= 2000  # the seed's reward rose for ~1,000 steps
+    assert 1000 <= found["reward_plateau"].first_step <= 2000  # the baseline run's reward rose for ~1,000 steps
     # the numbers it saw and the current values in the advice
     ev = found["length_schedule_ignored"].evidence
     assert (ev["previous_limit"], ev["new_limit"], ev["completions_max_length"], ev["raise_step"]) == (160, 256, 160.0, 500)

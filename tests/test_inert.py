@@ -84,6 +84,6 @@ def test_each_rule_names_the_field_and_why(overrides, expected):
 def test_real_configs_and_their_fixes():
     # the 8B config already uses two optimizer steps per rollout (steps_per_generation 8, grad accumulation 4)
     assert inert_settings(load_config(REPO_ROOT / "configs" / "sauerkraut-8b.yaml")) == []
-    # the seed's settings: clipping is inert there too (its clip ratios were 0 by construction)
+    # the baseline run's settings: clipping is inert there too (its clip ratios were 0 by construction)
     assert [ln.split(":")[0] for ln in inert_settings(load_config(REPO_ROOT / "configs" / "seed-baseline.yaml"))] == [
         "grpo.epsilon has no effect"]

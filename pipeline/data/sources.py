@@ -16,8 +16,8 @@ from typing import Any, Iterable, Iterator
 from pipeline.config import DataSection
 
 BUNDLED_DATA = Path(__file__).resolve().parent / "sample_data" / "de_qa.jsonl"
-# SYNTH exercises whose question is about the seed text; for the others (memorization, ...)
-# the seed text is the source the question was written from, and showing it would leak the answer.
+# SYNTH exercises whose question is about the source text (SYNTH's `query_seed_text`); for the others (memorization, ...)
+# that text is the source the question was written from, and showing it would leak the answer.
 CONTEXT_EXERCISES = ("rag",)
 
 

@@ -1,6 +1,6 @@
-"""Training health rules: they name the seed's pathologies early, live and after the fact.
+"""Training health rules: they name the baseline run's pathologies early, live and after the fact.
 
-The seed's author found each problem by reading curves after 18,000 steps. These rules read the
+The baseline run's author found each problem by reading curves after 18,000 steps. These rules read the
 same metric stream (TRL's names, one dict per logged step) and say within the first few hundred
 steps what is wrong, with the numbers they saw and the config key to change.
 

@@ -1,6 +1,6 @@
 """Settings that cannot change the run as configured, named before it starts: one warning line each.
 
-The seed's worst bug was a knob that did nothing. Some knobs do nothing by construction rather than
+The baseline run's worst bug was a knob that did nothing. Some knobs do nothing by construction rather than
 by a bug: clip-higher when every rollout is used up inside one optimizer step (TRL's policy ratio is
 then exactly 1), the entropy controller's knobs with the controller off, LoRA's with LoRA off. The
 rules below read only the config (no Ray, no torch), so `synth-grpo train` and `tune` say it at once.

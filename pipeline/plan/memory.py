@@ -1,6 +1,6 @@
 """GPU memory planner: predict per-GPU memory of a GRPO run before it starts, without a GPU.
 
-Answers the seed's question "can num_generations go from 4 to 8 or 16 on this GPU?" from the
+Answers the baseline run's question "can num_generations go from 4 to 8 or 16 on this GPU?" from the
 run config and the model's config.json alone (no weights are loaded). All formulas live in
 `formulas.estimate`, each with a comment naming its source. Results are per GPU, in GiB (2**30 bytes).
 The parameter, LoRA, gradient, optimizer and KV-cache terms are checked exactly against counted

@@ -29,7 +29,7 @@ def write_report(run: Run, h: History, findings: list[Finding], plots: Mapping[s
     resolved = sum(f.resolved for f in findings)
     out += ["", f"## Findings ({len(findings)}" + (f", {resolved} resolved" if resolved else "") + ")", ""]
     if not findings:
-        out.append("No rule fired: no sign of the seed's pathologies in this run.")
+        out.append("No rule fired: no sign of the baseline run's pathologies in this run.")
     else:
         out += ["A finding is *resolved* when it held for a while but no longer holds at the end of the run.", "",
                 "| rule | status | held | what it saw first |", "|---|---|---|---|"]

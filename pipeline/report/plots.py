@@ -1,4 +1,4 @@
-"""PNG plots of a run's metrics for the doctor's report, the curves the seed's author had to read.
+"""PNG plots of a run's metrics for the doctor's report, the curves the baseline run's author had to read.
 
 Uses matplotlib's object API on the Agg canvas (no pyplot, no global backend switch), so it
 works headless and inside a process that already imported pyplot with another backend.

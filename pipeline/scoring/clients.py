@@ -2,7 +2,7 @@
 
 One function per component, named as the component, so TRL logs ``rewards/<name>/mean`` and
 ``/std``; TRL runs async reward functions concurrently, so the four components are scored in
-parallel by the pool's actors. The ``self`` judge (the seed's self-judging, kept only to
+parallel by the pool's actors. The ``self`` judge (the baseline run's self-judging, kept only to
 reproduce it) scores in the worker with the live policy, since its weights change every step.
 """
 
@@ -26,7 +26,7 @@ def make_pool_reward_funcs(pool: RewardPool, cfg: RunConfig, eos_token_ids: list
                            current_max_len: Callable[[], int],
                            self_judge: Any | None = None) -> tuple[list[Callable], list[float]]:
     """(reward_funcs, reward_weights) for ``rewards.trl_rewards.scored_components``: the cheap components
-    are scored and logged at any weight (the seed baseline's EOS rate is part of what the comparison
+    are scored and logged at any weight (the baseline run's EOS rate is part of what the comparison
     shows), the judge only at a positive weight.
     """
     ekw = eos_kwargs(cfg)

@@ -1,6 +1,6 @@
 """Completion-length control: a fixed schedule or an adaptive cap, applied where generation reads it.
 
-The seed's callback set ``args.max_completion_length``, which TRL copies at start-up, so its
+The baseline run's callback set ``args.max_completion_length``, which TRL copies at start-up, so its
 completions stayed at 160 tokens. The cap is set on every trainer attribute TRL's generation reads
 (``apply_max_completion_length``: the TRL seam ``pipeline.seams.trl_seams.set_generation_cap``).
 The adaptive mode follows the clipped ratio: when every completion in a group is cut, every
