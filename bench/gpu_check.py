@@ -356,7 +356,7 @@ def probed_train_loop(config: dict) -> None:
     trainer it builds. Runs in the Ray Train worker; the measurements land in the run directory."""
     import ray.train
 
-    probe = Probe(Path(config["run_dir"]), ray.train.get_context().get_world_rank())
+    probe = Probe(worker.WorkerArgs.of(config).run_dir, ray.train.get_context().get_world_rank())
     build = worker.build_grpo_trainer
 
     def build_and_probe(*args, **kwargs):

@@ -121,3 +121,58 @@ def test_every_subpackage_is_installed():
     found = {".".join(p.parent.relative_to(REPO).parts) for pkg in PACKAGES for p in (REPO / pkg).rglob("__init__.py")}
     missed = {p for p in found if not any(fnmatch.fnmatchcase(p, pat) for pat in include)}
     assert len(found) > 10 and not missed, sorted(missed)
+
+
+MAX_FUNCTION_LINES = 60
+LONG_MARKER = "# long:"  # on the def line: a formula table that reads top to bottom, said why
+
+
+def long_functions(root: Path) -> list[str]:
+    """Functions over MAX_FUNCTION_LINES lines (decorators excluded) without the marker on their def line."""
+    out = []
+    for name, path in project_files(root).items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                header = "\n".join(lines[node.lineno - 1:node.body[0].lineno - 1])
+                if length > MAX_FUNCTION_LINES and LONG_MARKER not in header:
+                    out.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def lazy_imports_without_reason(root: Path) -> list[str]:
+    """Imports of the project's own modules inside a function with no comment on the line saying why."""
+    out = []
+    for name, path in project_files(root).items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                        else [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                        else [])
+                own = [m for m in mods if m.split(".")[0] in PACKAGES]
+                if own and "#" not in lines[node.end_lineno - 1]:
+                    out.append(f"{path.relative_to(root)}:{node.lineno} {', '.join(own)}")
+    return sorted(set(out))
+
+
+def test_no_function_over_60_lines_outside_the_marked_formula_tables():
+    assert not long_functions(REPO), "\n".join(long_functions(REPO))
+
+
+def test_own_modules_are_imported_at_the_top_or_say_why_not():
+    assert not lazy_imports_without_reason(REPO), "\n".join(lazy_imports_without_reason(REPO))
+
+
+def test_the_length_and_lazy_import_checks_can_fail(tmp_path):
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "rewards").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    (tmp_path / "pipeline" / "m.py").write_text(
+        f"def long():\n{body}\n\n\ndef table():  # long: formula table\n{body}\n\n\n"
+        "def lazy():\n    from pipeline import m\n    from pipeline import n  # lazy: imports torch\n")
+    assert long_functions(tmp_path) == ["pipeline/m.py:1 long (61 lines)"]
+    assert lazy_imports_without_reason(tmp_path) == ["pipeline/m.py:128 pipeline"]

@@ -85,12 +85,12 @@ def test_learning_rates_10x_apart_end_with_different_eval_scores(trained):
 def test_evaluation_ignores_the_training_cap_and_training_rng(trained):
     import torch
 
-    from pipeline.training.length_control import apply_max_completion_length
+    from pipeline.seams.trl_seams import set_generation_cap
 
     ctl, evaluator, trainer, _ = trained[1e-2]
     scores = []
     for cap in (4, 40):
-        apply_max_completion_length(trainer, cap)
+        set_generation_cap(trainer, cap)
         ctl.current = cap
         state = torch.get_rng_state()
         scores.append(evaluator.evaluate(STEPS))

@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 from pipeline.config import load_config
 from pipeline.plan.inert import one_step_per_rollout
 from pipeline.seams import deepspeed_seams, ray_seams, transformers_seams, trl_seams
-from pipeline.training.length_control import apply_max_completion_length
+from pipeline.seams.trl_seams import set_generation_cap
 
 REPO = Path(__file__).resolve().parents[1]
 PINNED = ("ray", "transformers", "trl", "peft", "deepspeed")
@@ -345,12 +345,12 @@ def test_the_length_cap_reaches_trl_generation(trained):
     assert hasattr(trainer, "use_vllm") and not trainer.use_vllm
     try:
         for cap in (2, 5):
-            apply_max_completion_length(trainer, cap)
+            set_generation_cap(trainer, cap)
             out = trl_seams.generate_and_score(trainer, _one_group(trainer, prompts=2))
             lengths = _completion_lengths(out)
             assert out["completion_ids"].shape[1] <= cap and max(lengths) == cap, (cap, lengths)  # cut at the cap
     finally:
-        apply_max_completion_length(trainer, 8)
+        set_generation_cap(trainer, 8)
 
 
 @pytest.mark.slow  # one real GRPOTrainer, 4 steps, shared by the module
@@ -449,12 +449,12 @@ def test_a_missing_seam_raises_naming_it():
     gone = types.SimpleNamespace(args=types.SimpleNamespace(), max_completion_length=8, use_vllm=False,
                                  generation_kwargs={"max_new_tokens": 8})
     with pytest.raises(RuntimeError, match=r"generation_config.*trl"):
-        apply_max_completion_length(gone, 16)
+        set_generation_cap(gone, 16)
     with pytest.raises(RuntimeError, match=r"max_completion_length"):
-        apply_max_completion_length(types.SimpleNamespace(args=types.SimpleNamespace()), 16)
+        set_generation_cap(types.SimpleNamespace(args=types.SimpleNamespace()), 16)
     vllm = types.SimpleNamespace(args=types.SimpleNamespace(), max_completion_length=8, use_vllm=True, vllm_generation=None)
     with pytest.raises(RuntimeError, match=r"vllm_generation"):
-        apply_max_completion_length(vllm, 16)
+        set_generation_cap(vllm, 16)
     writer = SamplesWriter(REPO, every=1, num_samples=1)
     writer.trainer = types.SimpleNamespace()
     state = types.SimpleNamespace(is_world_process_zero=True, global_step=1)

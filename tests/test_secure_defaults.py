@@ -119,11 +119,11 @@ def run_worker_until_loading(monkeypatch, cfg_data: dict):
     """Run pipeline.training.worker.train_loop_per_worker outside Ray Train up to its model loading."""
     import ray.train
 
-    from pipeline.training.worker import train_loop_per_worker
+    from pipeline.training.worker import WorkerArgs, train_loop_per_worker
 
     monkeypatch.setattr(ray.train, "get_context", lambda: FakeContext())
     cfg = config_from_dict(cfg_data)
-    train_loop_per_worker({"cfg": cfg.to_dict(), "run_dir": "/nonexistent", "pool": None})
+    train_loop_per_worker(WorkerArgs(cfg, Path("/nonexistent"), pool=None).loop_config())
 
 
 def test_worker_refuses_remote_code_unless_the_config_allows_it(tiny_policy, tmp_path, monkeypatch):
@@ -211,7 +211,7 @@ def test_checkpoint_rank_count_is_read_without_running_pickled_code(tmp_path):
     tensors and plain data only, so a crafted model-states file cannot run code through it."""
     import torch
 
-    from pipeline.training.elastic import checkpoint_world_size
+    from pipeline.seams.deepspeed_seams import zero_world_size as checkpoint_world_size
 
     marker = tmp_path / "ran"
     step = tmp_path / "global_step4"

@@ -386,7 +386,7 @@ def test_killed_zero2_run_resumes_from_s3_with_empty_local_dirs(s3_server, tmp_p
 
 def test_elastic_range_keeps_samples_per_optimizer_step(tmp_path):
     from pipeline.config import ConfigError, load_config
-    from pipeline.training.elastic import for_world_size, samples_per_step
+    from pipeline.config import for_world_size, samples_per_step
     from pipeline.training.driver import build_trainer
     from pipeline.training.worker import build_grpo_config
 
@@ -449,7 +449,8 @@ def test_a_checkpoint_that_cannot_be_resharded_falls_back_to_a_reset(tmp_path):
     loads no optimizer state, with an optimizer_reset record naming the reason and a console line."""
     import torch
 
-    from pipeline.training.elastic import checkpoint_world_size, reshard, reshard_for_group
+    from pipeline.seams.deepspeed_seams import zero_world_size as checkpoint_world_size
+    from pipeline.training.elastic import reshard, reshard_for_group
     from pipeline.training.callbacks import read_metrics
 
     broken = tmp_path / "checkpoint-4"  # DeepSpeed's model states of 2 ranks, their partitions missing

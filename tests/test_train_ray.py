@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from pipeline.config import REWARD_COMPONENTS, config_from_dict, load_config
+from pipeline.rundir.metric_names import TIMING_KEYS, is_train_row
 from pipeline.training.callbacks import read_metrics
 from pipeline.training.driver import RAY_TRAIN_DIR, prepare_run_dir, registered_checkpoints, run_training
 
@@ -82,6 +83,12 @@ def test_two_workers_zero2_end_to_end(ray_local, tmp_path):
     shards = sorted(p.name for p in (ckpts[-1] / "global_step4").glob("*optim_states.pt"))
     assert len(shards) == 2 and shards[0].startswith("zero_pp_rank_0")
     assert "reward:" in outcome.summary and str(run_dir / "adapter") in outcome.summary
+    # The worker loop's phases, timed: one row of their own at the last step (no training step); training
+    # takes longest.
+    timing = [r for r in read_metrics(run_dir / "metrics.jsonl") if any(k in r for k in TIMING_KEYS)]
+    assert len(timing) == 1 and timing[0]["step"] == 4 and not is_train_row(timing[0]), timing
+    seconds = {k: timing[0][k] for k in TIMING_KEYS}
+    assert all(v > 0 for v in seconds.values()) and max(seconds, key=seconds.get) == "timing_s/train", seconds
 
 
 def never_stopping_policy(tiny_policy: Path, dest: Path) -> Path:

@@ -15,6 +15,7 @@ from pipeline.data.tiny_models import build_tiny_cli
 from pipeline.plan.inert import warn_inert
 from pipeline.plan.plan_cli import plan_cli
 from pipeline.report.doctor import doctor_cli
+from pipeline.seams.ray_seams import bind_embedded_ray_to_loopback
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -107,7 +108,6 @@ def _run(args) -> int:
         cfg = load_config(args.config, args.overrides)
         if args.command in ("train", "tune"):  # before Ray: one warning line per setting that cannot change the run
             warn_inert(cfg)
-            from pipeline.training.driver import bind_embedded_ray_to_loopback  # lazy: the train path, which loads ray and torch
 
             bind_embedded_ray_to_loopback(args.address)
         if args.command == "train":

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
 from transformers import TrainerCallback
 
 from pipeline.config import REWARD_COMPONENTS, RunConfig
+from pipeline.data.sources import to_prompt
 from pipeline.rundir import eval_samples
 from pipeline.rundir.files import METRICS, SAMPLES, read_metrics, write_atomic
-from pipeline.seams.trl_seams import logged_samples
+from pipeline.rundir.storage import rank_part
 from pipeline.seams.transformers_seams import tensorboard_writer
+from pipeline.seams.trl_seams import logged_samples
+from rewards.eos import is_terminated
+from rewards.trl_rewards import completion_text
 
 METRIC_PREFIX = "synth_grpo_"
 
@@ -54,6 +61,11 @@ class MetricsSink(TrainerCallback):
         self._gauges: dict[str, Any] = {}
         self.history: list[dict] = []
 
+    def write(self, row: Mapping[str, Any]) -> None:
+        """One row appended to metrics.jsonl (the worker's phase timings come this way, outside the log)."""
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
     def _gauge(self, key: str):
         if key not in self._gauges:
             from ray.util.metrics import Gauge
@@ -66,8 +78,7 @@ class MetricsSink(TrainerCallback):
             return
         row = {"step": state.global_step, **_jsonable(logs)}
         self.history.append(row)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.write(row)
         if self.ray_metrics:
             try:
                 for k, v in row.items():
@@ -90,8 +101,6 @@ class SamplesWriter(TrainerCallback):
             return
         if not logs or "completions/clipped_ratio" not in logs:
             return
-        from rewards.trl_rewards import completion_text
-
         tlogs = logged_samples(self.trainer)
         prompts, completions = list(tlogs["prompt"]), list(tlogs["completion"])
         extra = {k: list(v) for k, v in tlogs["extra"].items()}
@@ -135,8 +144,6 @@ def log_row(trainer, state, logs: dict[str, Any]) -> None:
 
 def _completion_logps(model, seqs, attn, width: int, temperature: float):
     """Per-token log-probabilities of the completion tokens (positions ``width`` on) under ``model``."""
-    import torch
-
     keep = seqs.shape[1] - width + 1
     logits = model(input_ids=seqs, attention_mask=attn, logits_to_keep=keep).logits[:, :-1].float() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, seqs[:, width:, None]).squeeze(-1)
@@ -145,8 +152,6 @@ def _completion_logps(model, seqs, attn, width: int, temperature: float):
 def _initial_policy(model, trainer):
     """A context manager yielding the initial policy: the base with LoRA adapters disabled, else TRL's
     reference model (present when grpo.beta > 0); None when neither exists."""
-    import contextlib
-
     if hasattr(model, "disable_adapter"):
         @contextlib.contextmanager
         def base():
@@ -174,8 +179,6 @@ class Evaluator(TrainerCallback):
 
     def __init__(self, cfg: RunConfig, records: list[dict], tokenizer, pool, eos_token_ids: list[int],
                  max_new_tokens: int, report: Callable[[dict], None] | None = None):
-        from pipeline.data.sources import to_prompt
-
         self.cfg = cfg
         self.records = records[: cfg.eval.num_prompts]
         self.prompts = [to_prompt(r, cfg.data.system_prompt) for r in self.records]
@@ -189,8 +192,6 @@ class Evaluator(TrainerCallback):
 
     def _generate(self, model, items: list[int], device) -> list[tuple[list[int], float | None]]:
         """(completion ids, mean per-token k3 KL to the initial policy) for the prompts ``items``, in chunks."""
-        import torch
-
         chunk = max(1, self.cfg.generation_batch_size // self.cfg.distributed.num_workers)
         initial = _initial_policy(model, self.trainer)
         out_rows: list[tuple[list[int], float | None]] = []
@@ -226,68 +227,77 @@ class Evaluator(TrainerCallback):
         return out_rows
 
     def evaluate(self, step: int) -> dict[str, float]:
-        import torch
-        from trl.models import unwrap_model_for_generation
+        """Every rank generates its share of the eval completions; all are gathered, scored and summed up."""
+        acc = self.trainer.accelerator
+        k = self.cfg.eval.samples_per_prompt
+        items = [i for i in range(len(self.records)) for _ in range(k)]
+        mine = list(range(acc.process_index, len(items), acc.num_processes))
+        results = self._generate_share([items[j] for j in mine])
+        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in results]
+        gathered = acc.gather_for_metrics([(j, t, ids, kl) for j, t, (ids, kl) in zip(mine, texts, results)],
+                                          use_gather_object=True)
+        gathered = sorted(gathered, key=lambda x: x[0])
+        self.last = self._metrics(step, items, gathered) if gathered else {}
+        return self.last
 
-        from pipeline.scoring.clients import eos_kwargs
-        from rewards.eos import is_terminated
+    def _generate_share(self, prompts: list[int]) -> list[tuple[list[int], float | None]]:
+        """This rank's completions (``_generate``), from the same seed at every evaluation."""
+        from trl.models import unwrap_model_for_generation  # trl: loaded with the trainer
 
         tr = self.trainer
         acc = tr.accelerator
-        rank, world = acc.process_index, acc.num_processes
-        k = self.cfg.eval.samples_per_prompt
-        items = [i for i in range(len(self.records)) for _ in range(k)]
-        mine = list(range(rank, len(items), world))
-        max_new = self.max_new_tokens
         results: list[tuple[list[int], float | None]] = []
         devices = [acc.device] if acc.device.type == "cuda" else []
         # Every rank enters the unwrap context (ZeRO-3 gathers parameters collectively there).
         with unwrap_model_for_generation(tr.model_wrapped, acc) as model, torch.no_grad(), \
                 torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.cfg.optimization.seed + 1000 * rank)  # the same eval samples at every evaluation
-            if mine:
+            torch.manual_seed(self.cfg.optimization.seed + 1000 * acc.process_index)  # the same eval samples every time
+            if prompts:
                 was_training = model.training
                 model.eval()
-                results = self._generate(model, [items[j] for j in mine], acc.device)
+                results = self._generate(model, prompts, acc.device)
                 model.train(was_training)
-        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in results]
-        gathered = acc.gather_for_metrics([(j, t, ids, kl) for j, t, (ids, kl) in zip(mine, texts, results)],
-                                          use_gather_object=True)
-        gathered = sorted(gathered, key=lambda x: x[0])
-        metrics: dict[str, float] = {}
-        if gathered:
-            js, cands, ids, kls = (list(column) for column in zip(*gathered))
-            recs = [self.records[items[j]] for j in js]
-            q, ref = [r["question"] for r in recs], [r["reference"] for r in recs]
-            pool = self.pool
+        return results
 
-            async def score_all():  # the four components in parallel, as in training
-                return await asyncio.gather(
-                    pool.rouge_l(cands, ref), pool.length(cands, ref), pool.judge(q, ref, cands),
-                    pool.eos(ids, self.eos_ids, max_new, eos_kwargs(self.cfg)),
-                )
-
-            scores = dict(zip(REWARD_COMPONENTS, pool.run(score_all())))
-            ended = [is_terminated(x, self.eos_ids) for x in ids]
-            if self.samples_path is not None:
-                rows = eval_samples.eval_rows(step, recs, cands, ended, scores, self.cfg.eval.score_weights)
-                eval_samples.write(self.samples_path, rows)
-                to_tensorboard(tr, step, rows)
-            n = len(cands)
-            metrics = {**{f"eval/{key}": sum(v) / n for key, v in scores.items()}, "eval/eos_rate": sum(ended) / n,
-                       "eval/mean_length": sum(len(x) for x in ids) / n, "eval/max_new_tokens": max_new,
-                       "eval/num_completions": n}
-            w = self.cfg.eval.score_weights
-            per = [eval_samples.answer_score({c: v[i] for c, v in scores.items()}, ended[i], w) for i in range(n)]
-            metrics["eval/score"] = sum(per) / n
-            metrics["eval/score_stderr"] = score_stderr([items[j] for j in js], per)
-            kls = [kl for kl in kls if kl is not None]
-            if kls:
-                metrics["eval/kl_to_initial"] = sum(kls) / len(kls)
-                var = statistics.variance(kls) if len(kls) > 1 else 0.0
-                metrics["eval/kl_to_initial_stderr"] = math.sqrt(var / len(kls))
-        self.last = metrics
+    def _metrics(self, step: int, items: list[int], gathered: list[tuple]) -> dict[str, float]:
+        """eval/* of all ranks' completions (``gathered``: index, text, ids, KL); rank 0 also writes them out."""
+        js, cands, ids, kls = (list(column) for column in zip(*gathered))
+        recs = [self.records[items[j]] for j in js]
+        scores = self._score(recs, cands, ids)
+        ended = [is_terminated(x, self.eos_ids) for x in ids]
+        if self.samples_path is not None:
+            rows = eval_samples.eval_rows(step, recs, cands, ended, scores, self.cfg.eval.score_weights)
+            eval_samples.write(self.samples_path, rows)
+            to_tensorboard(self.trainer, step, rows)
+        n = len(cands)
+        metrics = {**{f"eval/{key}": sum(v) / n for key, v in scores.items()}, "eval/eos_rate": sum(ended) / n,
+                   "eval/mean_length": sum(len(x) for x in ids) / n, "eval/max_new_tokens": self.max_new_tokens,
+                   "eval/num_completions": n}
+        w = self.cfg.eval.score_weights
+        per = [eval_samples.answer_score({c: v[i] for c, v in scores.items()}, ended[i], w) for i in range(n)]
+        metrics["eval/score"] = sum(per) / n
+        metrics["eval/score_stderr"] = score_stderr([items[j] for j in js], per)
+        kls = [kl for kl in kls if kl is not None]
+        if kls:
+            metrics["eval/kl_to_initial"] = sum(kls) / len(kls)
+            var = statistics.variance(kls) if len(kls) > 1 else 0.0
+            metrics["eval/kl_to_initial_stderr"] = math.sqrt(var / len(kls))
         return metrics
+
+    def _score(self, recs: list[dict], cands: list[str], ids: list[list[int]]) -> dict[str, list[float]]:
+        """The four reward components of each completion, from the pool, in parallel as in training."""
+        from pipeline.scoring.clients import eos_kwargs  # imports ray
+
+        q, ref = [r["question"] for r in recs], [r["reference"] for r in recs]
+        pool, max_new = self.pool, self.max_new_tokens
+
+        async def score_all():
+            return await asyncio.gather(
+                pool.rouge_l(cands, ref), pool.length(cands, ref), pool.judge(q, ref, cands),
+                pool.eos(ids, self.eos_ids, max_new, eos_kwargs(self.cfg)),
+            )
+
+        return dict(zip(REWARD_COMPONENTS, pool.run(score_all())))
 
     def _run(self, state) -> None:
         metrics = self.evaluate(state.global_step)
@@ -332,17 +342,11 @@ class RayTrainReporter(TrainerCallback):
             self.latest.update({k: v for k, v in _jsonable(logs).items() if not k.startswith("eval/")})
 
     def on_step_end(self, args, state, control, **kwargs):
-        import time
-
         self._save_start = time.perf_counter() if control.should_save else None
 
     def on_save(self, args, state, control, **kwargs):
-        import time
-
-        import ray.train
+        import ray.train  # ray: only inside a Ray Train worker
         from ray.train import CheckpointUploadMode
-
-        from pipeline.rundir.storage import rank_part
 
         t0 = self._save_start or time.perf_counter()
         rank = ray.train.get_context().get_world_rank()

@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.config import ConfigError, RunConfig, read_yaml, resume_changes, scaling_num_workers
+from pipeline.console.live import quiet_environment, ray_logging_config, watch
+from pipeline.data.sources import DataError, check_source
 from pipeline.errors import cli_error
-from pipeline.config import ConfigError, RunConfig
-from pipeline.rundir.metric_names import CAP_METRIC, is_train_row
+from pipeline.plan.memory import detect_gpu_gib, max_completion_length_ceiling, warn_if_not_fits
 from pipeline.rundir.files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
-                                WORKER_FILES, append_event, read_metrics, write_atomic)
-from pipeline.seams.ray_seams import bind_embedded_ray_to_loopback  # noqa: F401  (the CLI's name for it)
+                                   WORKER_FILES, append_event, read_metrics, write_atomic)
+from pipeline.rundir.lease import LeaseHeld, run_holding_leases
+from pipeline.rundir.metric_names import CAP_METRIC, is_train_row
+from pipeline.rundir.storage import StorageError, check_writable, name_problem, run_store
+from pipeline.training.worker_args import WorkerArgs
 
 
 class FatalRunError(RuntimeError):
@@ -65,9 +71,6 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, log=print, allow_config_chang
     A run with checkpoints resumes only under the same training-relevant config (``resume_changes``),
     unless ``allow_config_change``: a changed setting must not be silently ignored by a resume.
     """
-    from pipeline.config import read_yaml, resume_changes
-    from pipeline.rundir.storage import run_store
-
     run_dir.mkdir(parents=True, exist_ok=True)
     store = store or run_store(cfg, run_dir)  # given: a trial's folder in its search's storage (a Tune trial)
     if store is not None:  # the run may live only in storage (a fresh cluster): its config and files first
@@ -109,8 +112,6 @@ def ray_address(address: str | None, connect_timeout_s: float = 20.0) -> tuple[s
 
 def _wait_for_gcs(address: str, timeout_s: float) -> bool:
     """Whether host:port of a GCS address accepts a TCP connection within ``timeout_s``."""
-    import socket
-
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
@@ -136,7 +137,7 @@ def init_ray(address: str | None = None, log=print, connect_timeout_s: float = 2
     ``ray.init()`` with no address would join the cluster named in Ray's temp folder, even a dead
     one left by a crashed ``ray start``; "local" always starts a new one.
     """
-    import ray
+    import ray  # ray: imported once the run directory is ready (bind_embedded_ray_to_loopback runs before)
 
     if ray.is_initialized():
         return
@@ -148,14 +149,11 @@ def init_ray(address: str | None = None, log=print, connect_timeout_s: float = 2
 
 
 def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | None = None, extra_callbacks=(), store=None):
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig as RayRunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig as RayRunConfig, ScalingConfig  # ray
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from pipeline.console.live import ray_logging_config
-    from pipeline.training.elastic import scaling_num_workers
-    from pipeline.scoring.pool import training_worker_gpus
-    from pipeline.rundir.storage import run_store
-    from pipeline.training.worker import train_loop_per_worker
+    from pipeline.scoring.pool import training_worker_gpus  # imports ray
+    from pipeline.training.worker import train_loop_per_worker  # imports torch, transformers, ray
 
     d = cfg.distributed
     store = store or run_store(cfg, run_dir)
@@ -164,8 +162,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
         resources["GPU"] = training_worker_gpus(cfg)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"cfg": cfg.to_dict(), "run_dir": str(run_dir.resolve()), "pool": pool, "length_ceiling": length_ceiling,
-                           "store": store},
+        train_loop_config=WorkerArgs(cfg, run_dir.resolve(), pool, length_ceiling, store).loop_config(),
         scaling_config=ScalingConfig(num_workers=scaling_num_workers(cfg), use_gpu=d.use_gpu, resources_per_worker=resources,
                                      elastic_resize_monitor_interval_s=d.resize_check_s),
         torch_config=TorchConfig(backend="nccl" if d.use_gpu else "gloo"),
@@ -186,8 +183,6 @@ def gpu_length_ceiling(cfg: RunConfig) -> int | None:
     if not (cfg.adaptive_length and cfg.generation.adaptive.ceiling is None and cfg.distributed.use_gpu):
         return None
     try:
-        from pipeline.plan.memory import detect_gpu_gib, max_completion_length_ceiling
-
         gib = detect_gpu_gib()
         return max_completion_length_ceiling(cfg, gib) if gib else None
     except Exception:
@@ -229,8 +224,7 @@ def summarize(run_dir: Path) -> str:
 
 def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOutcome:
     """Train one run end to end on the current Ray (starts a pool when none is given)."""
-    from pipeline.scoring.pool import start_pool, stop_pool
-    from pipeline.rundir.storage import run_store
+    from pipeline.scoring.pool import start_pool, stop_pool  # imports ray
 
     own_pool = pool is None
     if own_pool:
@@ -256,37 +250,59 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
 def train_cli(cfg: RunConfig, args) -> int:
     """`synth-grpo train`: the run's lease (run_lease.py) is held from before the run directory is
     written until the command returns, whatever way it returns."""
-    from pipeline.rundir.lease import run_holding_leases
-
     return run_holding_leases("train", lambda leases: _train_cli(cfg, args, leases))
 
 
 def _train_cli(cfg: RunConfig, args, leases) -> int:
-    from pipeline.data.sources import DataError, check_source
-    from pipeline.rundir.lease import LeaseHeld
-    from pipeline.scoring.pool import RewardPoolError
-    from pipeline.rundir.storage import StorageError, check_writable, name_problem, run_store
-
     run_dir = Path(args.run_dir).expanduser() if args.run_dir else default_run_dir(cfg)
+    problem = _name_run(cfg, args, run_dir)
+    if problem:
+        return cli_error("train", problem)
+    run_dir = run_dir.resolve()
+    if cfg.distributed.use_gpu:
+        warning = warn_if_not_fits(cfg)
+        if warning:
+            print(f"[plan] WARNING: {warning}", file=sys.stderr)
+    prepared = _check_and_prepare(cfg, args, leases, run_dir)
+    if isinstance(prepared, int):
+        return prepared
+    store, resumed = prepared
+    print(f"[run] {'resuming' if resumed else 'starting'} {run_dir}")
+    quiet_environment(cfg.logging.console)
+    try:
+        init_ray(args.address)
+    except RayUnreachable as e:
+        return cli_error("train", e)
+    outcome = _train_watched(cfg, run_dir)
+    if isinstance(outcome, int):
+        return outcome
+    print("\n=== synth-grpo summary ===\n" + outcome.summary)
+    write_atomic(run_dir / SUMMARY, outcome.summary + "\n")
+    if store is not None:
+        store.push(run_dir, [SUMMARY])
+        print(f"[storage] the run is in {store.uri}")
+    return 0
+
+
+def _name_run(cfg: RunConfig, args, run_dir: Path) -> str | None:
+    """Set ``output.run_name`` from the run directory; the problem with its name, if any."""
     # The run's name keys its folder in output.storage: one plain folder name, so the run directory is
     # output.root/<name> (or the explicit --run-dir) and two runs in different places never share a folder.
     name = Path(os.path.abspath(run_dir)).name if args.run_dir else (cfg.output.run_name or "run")
     problem = name_problem(name, "--run-dir (its folder name)" if args.run_dir else "output.run_name")
     if problem:
-        return cli_error("train", problem)
+        return problem
     cfg.output.run_name = name
     if not run_dir.is_absolute() and os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
         print(f"[run] WARNING: output.root {cfg.output.root!r} is relative inside a Ray job: the run directory "
               "would be in Ray's temporary copy of the working dir; use --set output.root=/absolute/path",
               file=sys.stderr)
-    run_dir = run_dir.resolve()
-    if cfg.distributed.use_gpu:
-        from pipeline.plan.memory import warn_if_not_fits
+    return None
 
-        warning = warn_if_not_fits(cfg)
-        if warning:
-            print(f"[plan] WARNING: {warning}", file=sys.stderr)
-    # Everything a retry cannot fix is found here, before Ray or any model starts (exit 2).
+
+def _check_and_prepare(cfg: RunConfig, args, leases, run_dir: Path):
+    """(store, resumed), or the exit code: everything a retry cannot fix is found here, before Ray or any
+    model starts (exit 2), and the run's lease is taken before anything is written."""
     try:
         check_source(cfg.data)
         if cfg.output.storage:
@@ -304,17 +320,16 @@ def _train_cli(cfg: RunConfig, args, leases) -> int:
         field = "--run-dir" if args.run_dir else "output.root"
         return cli_error("train", f"{field}: cannot write the run directory {run_dir}: "
                                   f"{e.strerror or e} ({e.filename or run_dir})")
-    print(f"[run] {'resuming' if resumed else 'starting'} {run_dir}")
-    from pipeline.console.live import quiet_environment, watch
+    return store, resumed
 
-    quiet_environment(cfg.logging.console)
-    try:
-        init_ray(args.address)
-    except RayUnreachable as e:
-        return cli_error("train", e)
+
+def _train_watched(cfg: RunConfig, run_dir: Path) -> TrainOutcome | int:
+    """The run under the driver's console; the exit code when it fails (the run directory is kept)."""
+    from pipeline.scoring.pool import RewardPoolError  # imports ray
+
     try:
         with watch(run_dir, cfg.logging.console, cfg.optimization.max_steps, live=cfg.logging.progress_bar):
-            outcome = run_training(cfg, run_dir)
+            return run_training(cfg, run_dir)
     except FatalRunError as e:
         return cli_error("train", "stopped without retrying (a retry would fail the same way); the run directory "
                                   f"{run_dir} is kept\n{e}")
@@ -326,9 +341,3 @@ def _train_cli(cfg: RunConfig, args, leases) -> int:
             cause = cause.__cause__
         return cli_error("train", f"training failed: {type(cause).__name__}: {cause}\nthe run directory "
                                   f"{run_dir} and its checkpoints are kept; rerun the same command to resume", code=1)
-    print("\n=== synth-grpo summary ===\n" + outcome.summary)
-    write_atomic(run_dir / SUMMARY, outcome.summary + "\n")
-    if store is not None:
-        store.push(run_dir, [SUMMARY])
-        print(f"[storage] the run is in {store.uri}")
-    return 0

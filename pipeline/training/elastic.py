@@ -13,17 +13,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline.config import (  # noqa: F401 (re-exported: the worker, driver and tuner import them from here)
-    accumulation_for, for_world_size, samples_per_step, scaling_num_workers, worker_range)
 from pipeline.rundir.files import EVENTS, append_event, read_metrics
 from pipeline.rundir.storage import file_rank
 from pipeline.seams.deepspeed_seams import zero_to_universal, zero_world_size
-from pipeline.seams.transformers_seams import deepspeed_resume_from
-
-# DeepSpeed's record of the ranks that wrote a ZeRO checkpoint (None: no ZeRO); HF's DeepSpeed resume
-# for a group of another size (weights, and the optimizer state when resharded): seams, see their docstrings
-checkpoint_world_size = zero_world_size
-deepspeed_resume = deepspeed_resume_from
 
 
 def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print) -> dict:
@@ -47,7 +39,7 @@ def record_world_size(run_dir: Path, args, world_size: int, step: int, log=print
 
 def resized(checkpoint_dir: Path, world_size: int) -> int | None:
     """The checkpoint's ZeRO rank count when it differs from ``world_size`` (None: same, or no ZeRO)."""
-    saved = checkpoint_world_size(checkpoint_dir)
+    saved = zero_world_size(checkpoint_dir)
     return saved if saved is not None and saved != world_size else None
 
 
@@ -60,7 +52,7 @@ def to_universal(checkpoint_dir: Path, dest: Path) -> None:
     """
     tag = (Path(checkpoint_dir) / "latest").read_text().strip()
     # The converter takes every partition file in the folder: links to this checkpoint's group's only
-    source, ranks = Path(dest) / "source" / tag, checkpoint_world_size(checkpoint_dir)
+    source, ranks = Path(dest) / "source" / tag, zero_world_size(checkpoint_dir)
     source.mkdir(parents=True)
     for f in (Path(checkpoint_dir) / tag).iterdir():
         if f.is_file() and (file_rank(f.name) or 0) < ranks:

@@ -2,7 +2,7 @@
 
 The baseline run's callback set ``args.max_completion_length``, which TRL copies at start-up, so its
 completions stayed at 160 tokens. The cap is set on every trainer attribute TRL's generation reads
-(``apply_max_completion_length``: the TRL seam ``pipeline.seams.trl_seams.set_generation_cap``).
+(``set_generation_cap``, the TRL seam in ``pipeline.seams.trl_seams``).
 The adaptive mode follows the clipped ratio: when every completion in a group is cut, every
 length-based reward is equal within the group and GRPO gets no signal from it. A rule that
 stepped the cap on 3 steps of 8 completions cycled 8 -> 24 -> 8 on the default run: the ratio of 8
@@ -22,7 +22,6 @@ from pipeline.rundir.metric_names import CAP_METRIC
 from pipeline.seams.trl_seams import set_generation_cap
 
 # Every attribute TRL's generation reads, set mid-run (the seam: pipeline.seams.trl_seams)
-apply_max_completion_length = set_generation_cap
 
 
 def smoothed_ratio(clipped: float, n: int) -> float:
@@ -142,7 +141,7 @@ class CompletionLengthControl(TrainerCallback):
 
     def bind(self, trainer) -> None:
         self.trainer = trainer
-        apply_max_completion_length(trainer, self.current)
+        set_generation_cap(trainer, self.current)
 
     def restore(self, rows: list[dict]) -> None:
         """Resume: replay the logged steps up to the checkpoint, so the cap, the window and the
@@ -154,7 +153,7 @@ class CompletionLengthControl(TrainerCallback):
                 self.on_log(None, SimpleNamespace(global_step=int(row.get("step", 0))), None, logs=dict(row))
         self.log = saved
         if self.trainer is not None:
-            apply_max_completion_length(self.trainer, self.current)
+            set_generation_cap(self.trainer, self.current)
 
     def _set(self, step: int, length: int, why: str) -> None:
         if length == self.current:
@@ -164,7 +163,7 @@ class CompletionLengthControl(TrainerCallback):
             self.log(f"[length] step {step}: max_completion_length {self.current} -> {length} ({why})")
         self.current = length
         if self.trainer is not None:
-            apply_max_completion_length(self.trainer, length)
+            set_generation_cap(self.trainer, length)
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.schedule:

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import ray
 import yaml
 
-from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path, read_yaml
+from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path, read_yaml, worker_range
 from pipeline.console.live import quiet_environment
 from pipeline.console.trials import TrialBoard, tune_console_callback
 from pipeline.data.sources import DataError, check_source
@@ -39,7 +39,6 @@ from pipeline.rundir.storage import StorageError, check_writable, name_problem, 
 from pipeline.scoring.pool import RewardPoolError, judge_actor_options, start_pool, stop_pool, training_worker_gpus
 from pipeline.training.driver import (FATAL_FILE, RayUnreachable, build_trainer, gpu_length_ceiling, init_ray,
                                       prepare_run_dir, raise_if_fatal)
-from pipeline.training.elastic import worker_range
 from pipeline.tune.search_space import SearchSpace, SpaceError, load_space, parse_space
 
 OBJECTIVE = "eval/score"
