@@ -476,7 +476,7 @@ def test_job_submission_with_token_auth_and_dashboard_metrics(tiny_policy, tmp_p
 
         # The working dir Ray unpacked for the job: the code, not the virtualenv or caches.
         pkgs = [p for p in (root / "ray").glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*") if p.is_dir()]
-        assert pkgs and all((p / "pipeline" / "train.py").is_file() for p in pkgs)
+        assert pkgs and all((p / "pipeline" / "training" / "driver.py").is_file() for p in pkgs)
         for p in pkgs:
             assert not any((p / d).exists() for d in (".venv", ".cache", ".git", "runs")), sorted(x.name for x in p.iterdir())
 

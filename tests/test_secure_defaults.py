@@ -241,8 +241,9 @@ def test_a_local_run_opens_ray_ports_on_loopback_only(tmp_path):
 import sys
 import pipeline.cli.main, pipeline.plan.inert, pipeline.config
 assert "ray" not in sys.modules, "the CLI imports ray before it can bind an embedded Ray to loopback"
-from pipeline.training.driver import bind_embedded_ray_to_loopback, init_ray
+from pipeline.seams.ray_seams import bind_embedded_ray_to_loopback
 bind_embedded_ray_to_loopback(None)
+from pipeline.training.driver import init_ray
 init_ray(None, log=None)
 import psutil, ray
 exposed = []
