@@ -26,7 +26,7 @@ class WorkerArgs:
     """Everything a worker needs; Ray Train pickles it to every worker (cloudpickle: the config's
     dataclasses, a path, the reward pool's actor handles and the storage's filesystem all pickle)."""
 
-    cfg: RunConfig  # the resolved config; each worker adapts it to the group's size (elastic.for_world_size)
+    cfg: RunConfig  # the resolved config; each worker adapts it to the group's size (config.for_world_size)
     run_dir: Path  # absolute: a node's own disk may not have it yet
     pool: RewardPool | Any  # the reward pool's actor handles (pipeline.scoring.pool); None in tests that stop early
     length_ceiling: int | None = None  # the adaptive cap's ceiling from the memory planner (driver.gpu_length_ceiling)
