@@ -11,6 +11,7 @@ arithmetic, and the refusal of a range where it does not divide, is pipeline.con
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 from pipeline.rundir.files import EVENTS, append_event, read_metrics
@@ -87,8 +88,6 @@ def reshard_for_group(checkpoint_dir: Path, dest: Path, local_rank: int, step: i
     """Every rank of a group resuming on another count than its checkpoint's: the universal checkpoint
     to load (see reshard), or None where it could not be made, and the optimizer state starts again.
     Rank 0 (the one given ``run_dir``) records which in events.jsonl and says so on the console."""
-    import time
-
     t0 = time.monotonic()
     failed = reshard(checkpoint_dir, dest, local_rank)
     if run_dir is not None and not failed:
