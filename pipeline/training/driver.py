@@ -164,7 +164,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
         train_loop_per_worker,
         train_loop_config=WorkerArgs(cfg, run_dir.resolve(), pool, length_ceiling, store).loop_config(),
         scaling_config=ScalingConfig(num_workers=scaling_num_workers(cfg), use_gpu=d.use_gpu, resources_per_worker=resources,
-                                     elastic_resize_monitor_interval_s=d.resize_check_s),
+                                     placement_strategy=d.placement.upper(), elastic_resize_monitor_interval_s=d.resize_check_s),
         torch_config=TorchConfig(backend="nccl" if d.use_gpu else "gloo"),
         run_config=RayRunConfig(
             name=RAY_TRAIN_DIR,
