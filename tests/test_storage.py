@@ -205,6 +205,7 @@ def test_storage_errors_a_retry_cannot_fix(tmp_path):
     from pipeline.rundir.storage import RunFileSync, RunStorage, retry_cannot_fix
 
     assert retry_cannot_fix(PermissionError(13, "Permission denied"))
+    assert retry_cannot_fix(FileExistsError(17, "Cannot create directory 'x/adapter': non-directory entry exists"))
     assert retry_cannot_fix(OSError("AWS Error ACCESS_DENIED during PutObject operation: Access Denied"))
     assert retry_cannot_fix(OSError("AWS Error NO_SUCH_BUCKET during PutObject operation"))
     assert not retry_cannot_fix(OSError("AWS Error NETWORK_CONNECTION during PutObject operation: curlCode: 7"))

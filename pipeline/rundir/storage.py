@@ -335,11 +335,12 @@ def remove_unregistered_checkpoints(fs, root: str, after_step: int) -> list[str]
 _PERMANENT_CODES = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH",
                     "AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled")
 _PERMANENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EROFS,
-                     errno.ENOSPC, errno.EDQUOT}
+                     errno.ENOSPC, errno.EDQUOT, errno.EEXIST, errno.ENAMETOOLONG}  # EEXIST: a file where a folder must be
 
 
 def retry_cannot_fix(error: BaseException) -> bool:
-    """Whether a storage error would come back on a retry (denied, no such bucket or folder, read-only, full):
+    """Whether a storage error would come back on a retry (denied, no such bucket or folder, read-only, full,
+    a file where a folder must be):
     such an error stops a run at once, where Ray Train would otherwise rerun the group from its checkpoint."""
     cause = error.__cause__ if isinstance(error.__cause__, BaseException) else None
     if cause is not None and retry_cannot_fix(cause):
