@@ -123,7 +123,7 @@ def node_loss(cluster, nodes: list, scenario: str, workdir: Path, storage: str) 
             result["steps_while_waiting"] = last_step()
         log.append(f"{time.time():.1f} adding a replacement node")
         replacement = _retry(lambda: cluster.add_node(num_cpus=NODE_CPUS))
-        result["added"] = replacement.node_id
+        result["added"], result["added_at"] = replacement.node_id, time.time()
         log.append(f"{time.time():.1f} replacement node up")
 
     def train() -> None:
