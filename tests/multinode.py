@@ -1,17 +1,20 @@
 """A node lost mid-run on a real multi-node Ray cluster on one machine (``ray.cluster_utils.Cluster``).
 
-Run as ``python -m tests.multinode SCENARIO WORKDIR`` (by tests/test_storage.py, in its own process:
-one Python process can join only one Ray, and the suite's session Ray stays untouched). Two nodes
-hold one training worker each. When the first checkpoint is in storage, the node of one worker is
-removed. ``fixed``: ``num_workers: 2``, 1-CPU nodes, the judge on the head (no CPU); the run waits,
-then a replacement node is added and it resumes from storage. ``elastic``: ``num_workers: [1, 2]``,
-2-CPU nodes, workers asking for 1.5 CPUs and two judges for 0.01 each, which SPREAD puts one on each
-worker node (the head has no CPU), so the lost node takes a judge with it; Ray restarts it on the node
-left (a worker and both judges fit). The run goes on with one worker; then a replacement node is added and the
-group grows back to two. ``shared``: ``synth-grpo train`` (the CLI's own code, on this cluster) with
-``output.storage`` a plain folder standing in for a disk all nodes mount (NFS), under a run name the
-folder has never seen; then the same command with two more steps after the local run directory is
-deleted: it resumes from the folder. Writes WORKDIR/result.json; the test asserts on it.
+Run as ``python -m tests.multinode WORKDIR S3_STORAGE SHARED_FOLDER SCENARIO...`` (by tests/test_storage.py,
+in its own process: one Python process can join only one Ray, and the suite's session Ray stays
+untouched). One cluster serves every scenario named, in turn (each costs half a minute to start on 2
+cores): a head without CPU and two 2-CPU nodes, one training worker of 1.5 CPUs each, so two workers
+never share a node. ``elastic``: ``num_workers: [1, 2]`` and two judges for 0.01 CPU each, which SPREAD
+puts one on each worker node (the head has no CPU), so the lost node takes a judge with it; Ray restarts
+it on the node left (a worker and both judges fit). When the first checkpoint is in storage, the node of
+one worker is removed; the run goes on with one worker; then a replacement node is added and the group
+grows back to two. ``fixed``: ``num_workers: 2``, the judge on the head (no CPU); the node of one worker
+is removed the same way, the run waits, then a replacement node is added and it resumes from storage.
+``shared``: ``synth-grpo train`` (the CLI's own code, on this cluster) with ``output.storage`` a plain
+folder standing in for a disk all nodes mount (NFS), under a run name the folder has never seen; then
+the same command with two more steps after the local run directory is deleted: it resumes from the
+folder. Each scenario writes WORKDIR/result-SCENARIO.json, which its test asserts on; a lost node's
+replacement is one of the two worker nodes of the next scenario.
 """
 
 from __future__ import annotations
@@ -26,12 +29,47 @@ from pathlib import Path
 # checkpoint is registered in storage, and a step of the tiny policy takes about half a second.
 STEPS = 20
 ELASTIC_STEPS = 40  # one more restart (the grow back) and steps at half speed on one worker in between
+SCENARIOS = ("elastic", "fixed", "shared")  # the order they run in on the one cluster
+NODE_CPUS, WORKER_CPUS = 2, 1.5  # one worker per node: two never fit on one
+# A node whose raylet is killed is marked dead after health_check_failure_threshold failed checks
+# health_check_period_ms apart: 1.5 s instead of Ray's 15 s (5 x 3 s), in each scenario that loses a node.
+# A check of a dead node fails at once (connection refused); one of a live but busy node fails only after
+# health_check_timeout_ms (Ray's 10 s, kept), so a loaded machine does not get a live node marked dead.
+FAST_NODE_DEATH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
 
 
-def main(scenario: str, workdir: Path) -> None:
+def main(workdir: Path, storage: str, shared: str, scenarios: list[str]) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
+    # The head has no CPU: Ray Train's elastic policy counts each node's CPUs (rounded down) as worker
+    # slots, not what other actors hold, so a head CPU held by the judge would be counted as a free slot.
+    # A 2-CPU node is one slot of 1.5 CPUs with room for two 0.01-CPU judges beside its worker (a judge
+    # that lost its node must not take CPU a worker needs: Ray Train would count a slot that cannot start).
+    t0 = time.time()
+    cluster = _retry(lambda: Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False, "_system_config": FAST_NODE_DEATH}))
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
+    nodes = [_retry(lambda: cluster.add_node(num_cpus=NODE_CPUS)) for _ in range(2)]
+    cluster.wait_for_nodes()
+    cluster_seconds = time.time() - t0
+    for scenario in scenarios:
+        try:
+            if scenario == "shared":
+                result = shared_folder(cluster, workdir, shared)
+            else:
+                result, nodes = node_loss(cluster, nodes, scenario, workdir, storage)
+        except Exception as e:  # the scenario's test shows it; the next scenario still runs
+            result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        result["cluster_seconds"] = cluster_seconds
+        (workdir / f"result-{scenario}.json").write_text(json.dumps(result, indent=1))
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def node_loss(cluster, nodes: list, scenario: str, workdir: Path, storage: str) -> tuple[dict, list]:
+    """One run on ``nodes`` (a worker each) that loses the second node's at its first registered
+    checkpoint; returns the result and the two worker nodes left (the replacement second)."""
     from pipeline.config import config_from_dict
     from pipeline.scoring.pool import start_pool, stop_pool
     from pipeline.rundir.storage import RunStorage
@@ -39,10 +77,9 @@ def main(scenario: str, workdir: Path) -> None:
     from tests.test_train_ray import small
     from tests.test_tune import registered_checkpoints
 
-    storage = sys.argv[3]
     elastic = scenario == "elastic"
     data = small(workdir, distributed={"num_workers": [1, 2] if elastic else 2, "zero_stage": 2,
-                                       "cpus_per_worker": 1.5 if elastic else 1,
+                                       "cpus_per_worker": WORKER_CPUS,
                                        "max_failures": 3, "resize_check_s": 2 if elastic else 60},
                  judge={"cpus_per_actor": 0.01, "num_actors": 2, "max_restarts": 3} if elastic else
                        {"cpus_per_actor": 0, "num_actors": 1, "max_restarts": 3},
@@ -53,28 +90,18 @@ def main(scenario: str, workdir: Path) -> None:
     run_dir = workdir / cfg.output.run_name
     store = RunStorage(storage, cfg.output.run_name)
     log: list[str] = []
-
-    # The head has no CPU: Ray Train's elastic policy counts each node's CPUs (rounded down) as worker
-    # slots, not what other actors hold, so a head CPU held by the judge would be counted as a free slot.
-    # elastic: a 2-CPU node is one slot of 1.5 CPUs with room for two 0.01-CPU judges beside its worker (a
-    # judge that lost its node must not take CPU a worker needs: Ray Train would count a slot that cannot start).
-    cluster = _retry(lambda: Cluster(initialize_head=True, shutdown_at_exit=True,
-                                     head_node_args={"num_cpus": 0, "include_dashboard": False}))
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
-    node_cpus = 2 if elastic else 1
-    nodes = [_retry(lambda: cluster.add_node(num_cpus=node_cpus)) for _ in range(2)]
-    cluster.wait_for_nodes()
     pool = start_pool(cfg)
     judges_at_start = _judge_nodes(pool)
     prepare_run_dir(cfg, run_dir, log=None)
     result: dict = {"scenario": scenario, "judge_nodes": judges_at_start, "head": cluster.head_node.node_id,
                     "training_nodes": [n.node_id for n in nodes]}
-    victim = nodes[1]
+    victim, replacement = nodes[1], None
 
     def last_step() -> int:
         return max([r["step"] for r in _rows(run_dir) if "reward" in r], default=0)
 
     def chaos() -> None:
+        nonlocal replacement
         while not registered_checkpoints(store) and thread.is_alive():
             time.sleep(0.2)
         result["step_at_removal"] = last_step()
@@ -90,10 +117,13 @@ def main(scenario: str, workdir: Path) -> None:
             result["judges_at_shrink"] = _judge_nodes(pool)
             result["step_at_replacement"] = last_step()
         else:
-            time.sleep(10)  # the group cannot restart with one node: it waits for capacity
+            # The group cannot restart with one node: it waits for capacity (the node is marked dead in
+            # about 2 s: 5 s leaves some 3 s of waiting; with Ray's 15 s the replacement came before that)
+            time.sleep(5)
             result["steps_while_waiting"] = last_step()
         log.append(f"{time.time():.1f} adding a replacement node")
-        result["added"] = _retry(lambda: cluster.add_node(num_cpus=node_cpus)).node_id
+        replacement = _retry(lambda: cluster.add_node(num_cpus=NODE_CPUS))
+        result["added"], result["added_at"] = replacement.node_id, time.time()
         log.append(f"{time.time():.1f} replacement node up")
 
     def train() -> None:
@@ -117,46 +147,33 @@ def main(scenario: str, workdir: Path) -> None:
     result["log"] = log
     result["judges_at_end"] = _judge_nodes(pool)
     stop_pool(pool)
-    ray.shutdown()
-    cluster.shutdown()
-    (workdir / "result.json").write_text(json.dumps(result, indent=1))
+    return result, [nodes[0], replacement or victim]
 
 
-def shared_folder(workdir: Path, storage: str) -> None:
+def shared_folder(cluster, workdir: Path, storage: str) -> dict:
     import shutil
 
-    import ray
     import yaml
-    from ray.cluster_utils import Cluster
 
     from pipeline.cli.main import main as cli
     from tests.test_train_ray import small
 
-    # Two 1-CPU nodes, one training worker each; the judge (no CPU) and the driver on the head.
-    t0 = time.time()
-    cluster = _retry(lambda: Cluster(initialize_head=True, shutdown_at_exit=True,
-                                     head_node_args={"num_cpus": 0, "include_dashboard": False}))
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
-    for _ in range(2):
-        _retry(lambda: cluster.add_node(num_cpus=1))
-    cluster.wait_for_nodes()
-    data = small(workdir, distributed={"num_workers": 2, "cpus_per_worker": 1},
+    # One training worker on each node; the judge (no CPU) and the driver on the head.
+    data = small(workdir, distributed={"num_workers": 2, "cpus_per_worker": WORKER_CPUS},
                  judge={"cpus_per_actor": 0, "num_actors": 1}, optimization={"per_device_train_batch_size": 4, "max_steps": 2},
                  eval={"num_prompts": 0}, output={"storage": storage, "save_steps": 2})
     data["output"]["run_name"] = "shared-run"
     config = workdir / "shared.yaml"
     config.write_text(yaml.safe_dump(data))
     argv = ["train", "--config", str(config), "--address", cluster.address]  # joins the cluster this process is on
-    result: dict = {"cluster_seconds": time.time() - t0}
-    result["first"] = cli(argv)
-    result["first_seconds"] = time.time() - t0 - result["cluster_seconds"]
+    t0 = time.time()
+    result: dict = {"first": cli(argv)}
+    result["first_seconds"] = time.time() - t0
     shutil.rmtree(workdir / "shared-run")  # this machine never saw the run: only the shared folder has it
     result["again"] = cli([*argv, "--set", "optimization.max_steps=4"])
     result["ok"] = result["first"] == result["again"] == 0
     result["seconds"] = time.time() - t0
-    ray.shutdown()
-    cluster.shutdown()
-    (workdir / "result.json").write_text(json.dumps(result, indent=1))
+    return result
 
 
 def _judge_nodes(pool) -> list[dict]:
@@ -184,7 +201,4 @@ def _rows(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "shared":
-        shared_folder(Path(sys.argv[2]), sys.argv[3])
-    else:
-        main(sys.argv[1], Path(sys.argv[2]))
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:])

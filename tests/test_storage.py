@@ -485,19 +485,40 @@ def test_a_checkpoint_that_cannot_be_resharded_falls_back_to_a_reset(tmp_path):
 # ---------------------------------------------------------------- a node lost mid-run
 
 
-def _scenario(tmp_path: Path, scenario: str, storage: str = f"s3://{BUCKET}/nodes") -> dict:
+NODE_TESTS = {  # scenario of tests/multinode.py -> the test that asserts on it
+    "elastic": "test_node_lost_elastic_run_goes_on_with_one_worker_and_grows_back",
+    "fixed": "test_node_lost_fixed_count_resumes_from_s3_on_a_replacement_node",
+    "shared": "test_plain_folder_storage_on_two_nodes_trains_and_resumes_without_the_local_run_dir",
+}
+
+
+@pytest.fixture(scope="module")
+def node_scenarios(request, s3_server, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The scenarios of the selected tests among NODE_TESTS, run in turn on one multi-node cluster in one
+    process (starting a cluster and that process cost half a minute each on 2 cores)."""
     import tempfile
 
+    from tests.multinode import SCENARIOS
+
+    selected = {item.originalname for item in request.session.items}
+    scenarios = [s for s in SCENARIOS if NODE_TESTS[s] in selected]
+    workdir = tmp_path_factory.mktemp("nodes")
     # Its own Ray temp root: the cluster's address file must not send another process's ray.init() to it.
     ray_tmp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a length limit
     try:
-        proc = subprocess.run([sys.executable, "-m", "tests.multinode", scenario, str(tmp_path), storage],
-                              cwd=REPO, capture_output=True, text=True, timeout=900,
+        proc = subprocess.run([sys.executable, "-m", "tests.multinode", str(workdir), f"s3://{BUCKET}/nodes",
+                               str(workdir / "nfs" / "runs"), *scenarios],
+                              cwd=REPO, capture_output=True, text=True, timeout=600 + 600 * len(scenarios),
                               env={**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"})
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    (tmp_path / "scenario.log").write_text(proc.stdout + proc.stderr)  # Ray Train's restarts and their causes
-    result_path = tmp_path / "result.json"
+    (workdir / "scenario.log").write_text(proc.stdout + proc.stderr)  # Ray Train's restarts and their causes
+    return workdir, proc
+
+
+def _scenario(node_scenarios, scenario: str) -> dict:
+    workdir, proc = node_scenarios
+    result_path = workdir / f"result-{scenario}.json"
     assert result_path.exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads(result_path.read_text())
     assert result["ok"], (result, proc.stderr[-5000:])
@@ -518,10 +539,10 @@ def _check_steps_once_and_samples_constant(run_dir: Path, steps: int) -> list[di
 
 
 @pytest.mark.slow
-def test_node_lost_elastic_run_goes_on_with_one_worker_and_grows_back(s3_server, tmp_path):
+def test_node_lost_elastic_run_goes_on_with_one_worker_and_grows_back(node_scenarios):
     from tests.multinode import ELASTIC_STEPS
 
-    result = _scenario(tmp_path, "elastic")
+    result = _scenario(node_scenarios, "elastic")
     assert result["removed"] in result["training_nodes"]
     # a judge on each worker node (SPREAD): the lost node's judge was restarted by Ray on the node left
     # before the group trained on, and every step was scored (_check_steps_once_and_samples_constant)
@@ -530,7 +551,7 @@ def test_node_lost_elastic_run_goes_on_with_one_worker_and_grows_back(s3_server,
     for at in (result["judges_at_shrink"][lost[0]], result["judges_at_end"][lost[0]]):
         assert at["restarts"] >= 1 and at["state"] == "ALIVE" and at["node"] != result["removed"], result
     assert result["step_at_removal"] < ELASTIC_STEPS and result["step_at_replacement"] < ELASTIC_STEPS, result
-    events = _check_steps_once_and_samples_constant(tmp_path / "node-loss-elastic", ELASTIC_STEPS)
+    events = _check_steps_once_and_samples_constant(node_scenarios[0] / "node-loss-elastic", ELASTIC_STEPS)
     resize = [(e["previous"], e["num_workers"], e["gradient_accumulation_steps"]) for e in events if e["event"] == "resize"]
     assert resize == [(2, 1, 2), (1, 2, 1)], events  # down to one worker when the node went, back up when it came
     at = [e["step"] for e in events if e["event"] == "resize"]
@@ -543,33 +564,35 @@ def test_node_lost_elastic_run_goes_on_with_one_worker_and_grows_back(s3_server,
 
 
 @pytest.mark.slow
-def test_node_lost_fixed_count_resumes_from_s3_on_a_replacement_node(s3_server, tmp_path):
+def test_node_lost_fixed_count_resumes_from_s3_on_a_replacement_node(node_scenarios):
     from pipeline.rundir.storage import RunStorage
 
     from tests.multinode import STEPS
 
-    result = _scenario(tmp_path, "fixed")
+    result = _scenario(node_scenarios, "fixed")
     assert result["step_at_removal"] < STEPS and result["steps_while_waiting"] < STEPS  # it waited for a node
-    events = _check_steps_once_and_samples_constant(tmp_path / "node-loss-fixed", STEPS)
+    events = _check_steps_once_and_samples_constant(node_scenarios[0] / "node-loss-fixed", STEPS)
     assert not [e for e in events if e["event"] in ("resize", "optimizer_reset", "optimizer_resharded")], events
-    assert len([e for e in events if e["event"] == "resume"]) == 1, events
+    resumed = [e for e in events if e["event"] == "resume"]
+    assert len(resumed) == 1 and resumed[0]["time"] > result["added_at"], (events, result)  # not before the node came
     files = RunStorage(f"s3://{BUCKET}/nodes", "node-loss-fixed").list(f"ray_train/checkpoint-{STEPS:06d}")
     assert sum(f.endswith("optim_states.pt") for f in files) == 2, files
 
 
 @pytest.mark.slow
-def test_plain_folder_storage_on_two_nodes_trains_and_resumes_without_the_local_run_dir(tmp_path):
+def test_plain_folder_storage_on_two_nodes_trains_and_resumes_without_the_local_run_dir(node_scenarios):
     """output.storage a plain folder (standing in for NFS) shared by a two-node cluster: the CLI takes a run
     name the folder has never seen (the write probe creates its folder), uploads the adapter's folder at
     the end, and the same command with the local run directory deleted resumes from the folder."""
     from pipeline.training.callbacks import read_metrics
     from pipeline.rundir.storage import RunStorage
 
-    shared = tmp_path / "nfs" / "runs"
-    result = _scenario(tmp_path, "shared", str(shared))
-    print(f"cluster and two runs: {result['seconds']:.0f} s (cluster {result['cluster_seconds']:.0f} s, "
-          f"first run {result['first_seconds']:.0f} s)")
-    run_dir, kept = tmp_path / "shared-run", shared / "shared-run"
+    workdir = node_scenarios[0]
+    shared = workdir / "nfs" / "runs"
+    result = _scenario(node_scenarios, "shared")
+    print(f"two runs: {result['seconds']:.0f} s (first run {result['first_seconds']:.0f} s; "
+          f"the cluster started in {result['cluster_seconds']:.0f} s)")
+    run_dir, kept = workdir / "shared-run", shared / "shared-run"
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # steps 1-2 from the folder, 3-4 trained after the resume
     assert [e["step"] for e in read_metrics(run_dir / "events.jsonl") if e["event"] == "resume"] == [2]
