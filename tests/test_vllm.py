@@ -72,6 +72,18 @@ def test_cpu_kv_cache_is_sized_for_the_run_and_a_set_value_is_kept(monkeypatch):
     assert os.environ[CPU_KV_CACHE_ENV] == "3"
 
 
+@needs_vllm
+def test_an_hf_worker_does_not_load_vllm_with_trl():
+    """trl 1.16 imports vLLM with GRPOTrainer whenever it is installed: seconds per Ray Train worker of an
+    hf run, for nothing. The worker keeps it unloaded (trl_seams.keep_vllm_unloaded), and TRL sees no vLLM."""
+    code = ("import sys; from pipeline.seams.trl_seams import keep_vllm_unloaded; keep_vllm_unloaded(); "
+            "from trl import GRPOTrainer; from trl.import_utils import is_vllm_available; "
+            "print(is_vllm_available(), sys.modules.get('vllm') is None, "
+            "any(m.startswith('vllm.') for m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["False", "True", "False"], proc.stderr[-2000:]
+
+
 # ---------------------------------------------------------------- the engine in Ray Train workers
 
 
@@ -82,11 +94,13 @@ def vllm_runs(tmp_path_factory, request):
         pytest.skip(NO_VLLM)
     root = tmp_path_factory.mktemp("vllm")
     # One worker through the CLI: the adaptive cap starts at 4 and the reference floor lifts it to 33;
-    # dynamic sampling refills groups whose rewards barely differ (min_std 0.2: some always do).
+    # dynamic sampling refills groups whose rewards barely differ (min_std 0.2: some always do); sampling
+    # at temperature 0.8, which the engine's log-probs are processed with as the trainer's are.
     one = subprocess.run([
         sys.executable, "-m", "pipeline", "train", "--set", "generation.backend=vllm",
         "--set", "optimization.max_steps=4", "--set", "eval.every_steps=4", "--set", "eval.num_prompts=4",
-        "--set", "generation.adaptive.start=4", "--set", "grpo.dynamic_sampling.enabled=true",
+        "--set", "generation.adaptive.start=4", "--set", "generation.temperature=0.8",
+        "--set", "grpo.dynamic_sampling.enabled=true",
         "--set", "grpo.dynamic_sampling.min_std=0.2", "--set", "grpo.dynamic_sampling.max_rounds=1",
         "--set", "output.save_steps=4", "--set", "logging.progress_bar=false",
         "--set", f"output.root={root}", "--set", "output.run_name=one",
@@ -124,7 +138,8 @@ def test_one_worker_generates_with_vllm_at_the_floor_and_refills_through_it(vllm
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     # TRL logs how far the engine's sampling log-probs are from the trainer's only when vLLM generated;
-    # small at every step: the engine holds the weights the optimizer just wrote.
+    # small at every step: the engine holds the weights the optimizer just wrote and samples at the
+    # run's temperature (at vLLM's default of 1.0 instead of 0.8 they would differ by far more).
     assert all(r["sampling/sampling_logp_difference/mean"] < 0.05 for r in rows), rows
     # The floor (33, the length 90% of the references fit in) replaced the start (4) in the engine's budget.
     assert {r["generation/max_completion_length"] for r in rows} == {33}
@@ -141,6 +156,7 @@ def test_evaluation_samples_from_the_engine_holding_the_current_weights(vllm_run
     assert [r["step"] for r in evals] == [0, 4] and {r["eval/max_new_tokens"] for r in evals} == {96}
     answers = read_metrics(run_dir / "eval_samples.jsonl")
     assert len(answers) == 2 * 4 * 4 and all("engine_logprob" in a for a in answers)
+    assert any(a["ended_with_eos"] for a in answers)  # the engine stops at the policy's EOS token
     # The engine's log-probability of each answer is the policy's own (fp32 on both sides): the engine
     # was synced before sampling, at step 0 and after 4 optimizer steps alike.
     gaps = [abs(a["engine_logprob"] - a["policy_logprob"]) for a in answers]

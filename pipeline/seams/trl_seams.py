@@ -7,6 +7,7 @@ TRL is imported lazily here (seconds): ``memory.py`` (the planner) must stay lig
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Callable, Iterator
 
 SAMPLE_LOG_KEYS = ("prompt", "completion", "rewards", "extra")
@@ -188,3 +189,12 @@ def colocated_engine(trainer) -> Iterator[Any]:
         if vllm.enable_sleep_mode:
             vllm.llm.sleep(level=2)
             vllm._llm_weights_sleeping = True
+
+
+def keep_vllm_unloaded() -> None:
+    """For a process that generates with HF ``generate``: trl 1.16.0 imports vLLM along with ``GRPOTrainer``
+    whenever vLLM is installed (``trl.generation`` asks ``is_vllm_available()`` at import), seconds of
+    CPU per Ray Train worker for nothing. None in ``sys.modules`` makes vLLM unimportable, so TRL finds it
+    absent; a process that has already imported TRL or vLLM is left as it is."""
+    if "trl" not in sys.modules and "vllm" not in sys.modules:
+        sys.modules["vllm"] = None

@@ -34,6 +34,7 @@ from pipeline.scoring.clients import make_pool_reward_funcs
 from pipeline.training.callbacks import (Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks,
                                          truncate_jsonl)
 from pipeline.seams.transformers_seams import deepspeed_resume_from
+from pipeline.seams.trl_seams import keep_vllm_unloaded
 from pipeline.training.elastic import record_world_size, reshard_for_group, resized
 from pipeline.training.events import RunEvents, quiet_worker
 from pipeline.training.health import HealthCallback
@@ -304,6 +305,8 @@ def train_loop_per_worker(config: dict) -> None:
     """The Ray Train loop, in timed phases (metric_names.WORKER_PHASES), each handing ``WorkerRun`` to the next.
     ``train_loop_config`` is Ray Train's dict around the ``WorkerArgs`` (worker_args.py says why)."""
     args = WorkerArgs.of(config)
+    if args.cfg.generation.backend != "vllm":
+        keep_vllm_unloaded()  # before TRL is imported: it would import vLLM, unused here
     timings: dict[str, float] = {}
     run = timed(timings, "setup", set_up, args)
     if run is None:  # a cause no retry fixes is in the fatal-error file
