@@ -80,6 +80,7 @@ INVALID = [
     ("judge.backend=gpt", "judge.backend: 'gpt' is not one of llm, embedding, self"),
     ("distributed.zero_stage=4", "distributed.zero_stage: 4"),
     ("distributed.resize_check_s=-1", "distributed.resize_check_s: -1"),
+    ("distributed.placement=strict_spread", "distributed.placement: 'strict_spread' is not one of pack, spread"),
     ("optimization.learning_rate=fast", "optimization.learning_rate: expected float"),
     ("generation.max_completion_length=-5", "generation.max_completion_length: -5 must be > 0"),
 ]
@@ -111,7 +112,7 @@ def test_cli_exits_2_within_seconds_with_one_line_per_problem(tmp_path):
     bad.write_text(yaml.safe_dump({
         "optimization": {"learning_rate": 0},
         "judge": {"backend": "oracle"},
-        "distributed": {"zero_stage": 7},
+        "distributed": {"zero_stage": 7, "placement": "strict"},
         "data": {"source": "local", "path": str(tmp_path / "missing")},
     }))
     t0 = time.time()
@@ -121,6 +122,7 @@ def test_cli_exits_2_within_seconds_with_one_line_per_problem(tmp_path):
     assert time.time() - t0 < 30
     for field in ("optimization.learning_rate", "judge.backend", "distributed.zero_stage", "data.path"):
         assert field in r.stderr
+    assert "distributed.placement: 'strict' is not one of pack, spread" in r.stderr
     assert "ray" not in r.stderr.lower()  # failed before Ray started
 
 

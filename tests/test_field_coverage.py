@@ -68,6 +68,7 @@ FIELD_TESTS: dict[str, str] = {
     "distributed.cpus_per_worker": SEAM + "test_field_reaches_the_ray_train_trainer",
     "distributed.max_failures": SEAM + "test_field_reaches_the_ray_train_trainer",
     "distributed.resize_check_s": SEAM + "test_field_reaches_the_ray_train_trainer",
+    "distributed.placement": SEAM + "test_field_reaches_the_ray_train_trainer",
     "distributed.zero_stage": "tests/test_train_ray.py::test_two_workers_zero2_end_to_end",
     "distributed.offload_optimizer": SEAM + "test_field_reaches_the_deepspeed_config",
     "distributed.offload_params": SEAM + "test_field_reaches_the_deepspeed_config",
@@ -217,7 +218,7 @@ def test_field_reaches_the_ray_train_trainer(tmp_path):
     cfg = load_config(None, [
         "distributed.num_workers=2", "distributed.use_gpu=true", "distributed.gpus_per_worker=0.5",
         "distributed.cpus_per_worker=0.75", "distributed.max_failures=5", "distributed.resize_check_s=5",
-        "output.checkpoints_kept=4",
+        "distributed.placement=spread", "output.checkpoints_kept=4",
         f"output.root={tmp_path}", "output.run_name=seam",
     ])
     run_dir = default_run_dir(cfg)
@@ -227,6 +228,8 @@ def test_field_reaches_the_ray_train_trainer(tmp_path):
     assert (sc.num_workers, sc.use_gpu) == (2, True)
     assert sc.resources_per_worker == {"CPU": 0.75, "GPU": 0.5}
     assert sc.elastic_resize_monitor_interval_s == 5
+    assert sc.placement_strategy == "SPREAD"
+    assert build_trainer(load_config(None), run_dir, pool=None).scaling_config.placement_strategy == "PACK"  # Ray's default
     assert rc.failure_config.max_failures == 5 and rc.checkpoint_config.num_to_keep == 4
     assert Path(rc.storage_path) == run_dir.resolve()
 

@@ -132,3 +132,34 @@ def test_error_found_in_the_worker_is_not_retried(tmp_path):
     assert "config.json" in last and "OSError" in last, proc.stderr[-2000:]
     assert proc.stdout.count("data[bundled]") <= 1  # one attempt, no retries
     assert (tmp_path / "broken" / "config.yaml").is_file()  # the run directory is kept
+
+
+
+@pytest.mark.slow
+def test_storage_error_after_training_stops_without_rerunning_steps(ray_local, tmp_path, capsys):
+    """output.storage a plain folder whose ``<run>/adapter`` is a file: the final upload cannot make the
+    folder, an error no retry fixes, met only after training. The run stops (exit 2, the cause named once)
+    where Ray Train used to restart the group max_failures times; the run and its checkpoints are kept."""
+    from pipeline.cli.main import main
+    from pipeline.rundir.files import EVENTS, METRICS, read_metrics
+    from pipeline.rundir.metric_names import is_train_row
+
+    shared = tmp_path / "shared"
+    (shared / "up").mkdir(parents=True)
+    (shared / "up" / "adapter").write_text("in the way", encoding="utf-8")
+    sets = [f"output.root={tmp_path / 'runs'}", "output.run_name=up", f"output.storage={shared}",
+            "distributed.max_failures=2", "optimization.max_steps=2", "eval.num_prompts=2", "logging.console=table",
+            "logging.progress_bar=false", "generation.max_completion_length=8", "judge.cpus_per_actor=0.25"]
+    code = main(["train", *(a for s in sets for a in ("--set", s))])
+    err = capsys.readouterr().err
+    assert code == 2, err[-4000:]
+    last = err.strip().splitlines()[-1]
+    assert "output.storage" in last and f"'{shared / 'up' / 'adapter'}'" in last and "File exists" in last, last
+    assert "stopped without retrying" in err and err.count("non-directory entry exists") == 1, err[-4000:]
+    run_dir = tmp_path / "runs" / "up"
+    rows = read_metrics(run_dir / METRICS)
+    assert [r["step"] for r in rows if is_train_row(r)] == [1, 2]
+    assert sum("timing_s/setup" in r for r in rows) == 1  # one attempt: the group was not restarted ...
+    assert not [e for e in read_metrics(run_dir / EVENTS) if e["event"] == "resume"]  # ... nor resumed
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()  # the run's files are kept here ...
+    assert (shared / "up" / RAY_TRAIN_DIR / "checkpoint_manager_snapshot.json").is_file()  # ... its checkpoints there

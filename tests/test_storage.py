@@ -165,6 +165,16 @@ def test_a_plain_folder_takes_a_new_run_and_its_nested_folders(tmp_path):
     store.pull(back, ["config.yaml"], ["adapter"])
     assert (back / "adapter" / "nested" / "x.json").read_text() == "{}"
     assert (back / "config.yaml").read_text() == "a: 1\n"
+    # A file:// URI is the same folder; a file pushed again replaces the old one by a rename (a reader that
+    # holds the old file, here a hard link to it, keeps all of it) and leaves no temporary file behind.
+    check_writable(f"file://{shared}", "other")
+    assert (shared / "other").is_dir()
+    old = shared / "trials" / "t1" / "adapter" / "adapter_model.safetensors"
+    os.link(old, tmp_path / "reader")
+    (run_dir / "adapter" / "adapter_model.safetensors").write_bytes(b"new weights")
+    RunStorage(f"file://{shared}", "trials").child("t1").push(run_dir, dirs=["adapter"])
+    assert old.read_bytes() == b"new weights" and (tmp_path / "reader").read_bytes() == b"weights"
+    assert sorted(p.name for p in old.parent.iterdir()) == ["adapter_model.safetensors", "nested"]
 
 
 def test_run_names_and_storage_keys(tmp_path, capsys):
@@ -195,6 +205,7 @@ def test_storage_errors_a_retry_cannot_fix(tmp_path):
     from pipeline.rundir.storage import RunFileSync, RunStorage, retry_cannot_fix
 
     assert retry_cannot_fix(PermissionError(13, "Permission denied"))
+    assert retry_cannot_fix(FileExistsError(17, "Cannot create directory 'x/adapter': non-directory entry exists"))
     assert retry_cannot_fix(OSError("AWS Error ACCESS_DENIED during PutObject operation: Access Denied"))
     assert retry_cannot_fix(OSError("AWS Error NO_SUCH_BUCKET during PutObject operation"))
     assert not retry_cannot_fix(OSError("AWS Error NETWORK_CONNECTION during PutObject operation: curlCode: 7"))

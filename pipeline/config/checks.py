@@ -29,7 +29,7 @@ RESUME_SAFE_FIELDS = (
     "logging.",
     "output.root", "output.run_name", "output.save_steps", "output.checkpoints_kept",
     "eval.every_steps",
-    "distributed.max_failures", "distributed.resize_check_s",
+    "distributed.max_failures", "distributed.resize_check_s", "distributed.placement",
     "judge.num_actors", "judge.num_scorer_actors", "judge.max_restarts", "judge.max_retries", "judge.cpus_per_actor",
 )
 

@@ -30,6 +30,7 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 CONSOLE_MODES = ("progress", "table", "json", "verbose")  # logging.console, see pipeline/console/live.py
 JUDGE_PLACEMENTS = ("same_gpu", "own_gpu", "none")
 GENERATION_BACKENDS = ("hf", "vllm")
+WORKER_PLACEMENTS = ("pack", "spread")  # distributed.placement: Ray Train's PACK / SPREAD
 SCALE_REWARDS = ("group", "batch", "none")
 
 # Names the libraries accept, checked here so a typo stops before Ray and not inside a worker. Copied
@@ -255,6 +256,9 @@ class DistributedSection(Section):
     # Elastic groups only: seconds between Ray Train's looks for capacity to grow the group back
     # (ScalingConfig.elastic_resize_monitor_interval_s); each grow restarts the group from a checkpoint.
     resize_check_s: Annotated[float, Gt(0), "seconds"] = 60.0
+    # Where Ray places the workers (ScalingConfig.placement_strategy): pack (Ray's default) fills a
+    # node before the next; spread puts each worker on its own node where there are enough nodes.
+    placement: Literal[WORKER_PLACEMENTS] = "pack"
 
 
 @dataclass(config=STRICT)

@@ -37,6 +37,7 @@ LENGTH_CHANGES = "length_changes.json"  # [step, old, new] of each cap change (l
 ADAPTER_DIR = "adapter"  # the trained LoRA adapter (or full weights) and the tokenizer
 SUMMARY = "summary.txt"  # the driver's summary at the end
 FATAL_FILE = "fatal_error.txt"  # written by rank 0 when an error a retry cannot fix stops it (worker.NOT_RETRYABLE)
+FATAL_METRIC = "fatal_error"  # the cause in a worker's final Ray Train report (worker.unless_retry_cannot_fix)
 RAY_TRAIN_DIR = "ray_train"  # Ray Train's storage: its checkpoints (kept K) and checkpoint_manager_snapshot.json
 TRAINER_DIR = "trainer"  # the HF Trainer's output_dir (its checkpoints pass through to Ray Train)
 REPORT = "report.md"  # `synth-grpo doctor`'s report, beside its PNG plots

@@ -101,6 +101,22 @@ def filesystem(location: str):
     return fs, path.rstrip("/")
 
 
+def copy_atomic(src: Path, dest: Path) -> None:
+    """``src`` copied to ``dest`` through a temporary file beside it and a rename (``files.write_atomic``
+    for a file too large to hold in memory, such as a full model's shard): a reader of a shared disk,
+    or a crash mid-copy, never finds half of it."""
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(src, "rb") as f, open(tmp, "wb") as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _is_local(fs) -> bool:
     import pyarrow.fs as pafs
 
@@ -179,12 +195,17 @@ class RunStorage:
                 done.append(name)
         for name in dirs:
             src = Path(run_dir) / name
-            if src.is_dir():
-                for sub in [src, *(p for p in src.rglob("*") if p.is_dir())]:
-                    self._make_dir(f"{self.path}/{name}/{sub.relative_to(src).as_posix()}".removesuffix("/."))
+            if not src.is_dir():
+                continue
+            if self.local:  # file by file, each whole or not at all, into folders made as needed
+                for file in sorted(p for p in src.rglob("*") if p.is_file()):
+                    dest = Path(self.path, name, file.relative_to(src))
+                    self._make_dir(str(dest.parent))
+                    copy_atomic(file, dest)
+            else:  # an object put is whole or absent already
                 pafs.copy_files(str(src), f"{self.path}/{name}", source_filesystem=pafs.LocalFileSystem(),
                                 destination_filesystem=self.fs)
-                done.append(name + "/")
+            done.append(name + "/")
         return done
 
     def write_bytes(self, rel: str, data: bytes) -> None:
@@ -314,11 +335,12 @@ def remove_unregistered_checkpoints(fs, root: str, after_step: int) -> list[str]
 _PERMANENT_CODES = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH",
                     "AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled")
 _PERMANENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EROFS,
-                     errno.ENOSPC, errno.EDQUOT}
+                     errno.ENOSPC, errno.EDQUOT, errno.EEXIST, errno.ENAMETOOLONG}  # EEXIST: a file where a folder must be
 
 
 def retry_cannot_fix(error: BaseException) -> bool:
-    """Whether a storage error would come back on a retry (denied, no such bucket or folder, read-only, full):
+    """Whether a storage error would come back on a retry (denied, no such bucket or folder, read-only, full,
+    a file where a folder must be):
     such an error stops a run at once, where Ray Train would otherwise rerun the group from its checkpoint."""
     cause = error.__cause__ if isinstance(error.__cause__, BaseException) else None
     if cause is not None and retry_cannot_fix(cause):

@@ -22,8 +22,8 @@ from pipeline.console.live import quiet_environment, ray_logging_config, watch
 from pipeline.data.sources import DataError, check_source
 from pipeline.errors import cli_error
 from pipeline.plan.memory import detect_gpu_gib, max_completion_length_ceiling, warn_if_not_fits
-from pipeline.rundir.files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, METRICS, RAY_TRAIN_DIR, SUMMARY,
-                                   WORKER_FILES, append_event, read_metrics, write_atomic)
+from pipeline.rundir.files import (ADAPTER_DIR, CONFIG, DRIVER_FILES, FATAL_FILE, FATAL_METRIC, METRICS, RAY_TRAIN_DIR,
+                                   SUMMARY, WORKER_FILES, append_event, read_metrics, write_atomic)
 from pipeline.rundir.lease import LeaseHeld, run_holding_leases
 from pipeline.rundir.metric_names import CAP_METRIC, is_train_row
 from pipeline.rundir.storage import StorageError, check_writable, name_problem, run_store
@@ -34,11 +34,14 @@ class FatalRunError(RuntimeError):
     """A worker stopped on bad data, a bad model or a bad config: retrying would fail the same way."""
 
 
-def raise_if_fatal(run_dir: Path) -> None:
-    """FatalRunError with the cause a worker left (``FATAL_FILE``), if it left one."""
+def raise_if_fatal(run_dir: Path, metrics: dict | None = None) -> None:
+    """FatalRunError with the cause a worker left, if it left one: in ``FATAL_FILE`` (on this node), or in
+    its final report's ``metrics`` (after training; rank 0 may have run on another node)."""
     fatal = run_dir / FATAL_FILE
     if fatal.is_file():
         raise FatalRunError(fatal.read_text(encoding="utf-8").strip())
+    if (metrics or {}).get(FATAL_METRIC):
+        raise FatalRunError(str(metrics[FATAL_METRIC]))
 
 
 @dataclass
@@ -164,7 +167,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
         train_loop_per_worker,
         train_loop_config=WorkerArgs(cfg, run_dir.resolve(), pool, length_ceiling, store).loop_config(),
         scaling_config=ScalingConfig(num_workers=scaling_num_workers(cfg), use_gpu=d.use_gpu, resources_per_worker=resources,
-                                     elastic_resize_monitor_interval_s=d.resize_check_s),
+                                     placement_strategy=d.placement.upper(), elastic_resize_monitor_interval_s=d.resize_check_s),
         torch_config=TorchConfig(backend="nccl" if d.use_gpu else "gloo"),
         run_config=RayRunConfig(
             name=RAY_TRAIN_DIR,
@@ -236,10 +239,7 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
     finally:
         if own_pool:
             stop_pool(pool)
-    raise_if_fatal(run_dir)
-    if (result.metrics or {}).get("storage_error"):  # rank 0 ran on another node: its cause is on that node's disk
-        raise FatalRunError(f"output.storage: rank 0 could not copy the run's files to storage at the end, with an error "
-                            f"a retry cannot fix; the cause is in {run_dir / FATAL_FILE} on rank 0's node")
+    raise_if_fatal(run_dir, result.metrics)
     store = run_store(cfg, run_dir)
     if store is not None:  # rank 0 may have run on another node: read the run as storage holds it
         store.download_run(run_dir)

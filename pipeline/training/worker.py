@@ -26,8 +26,8 @@ import torch
 from pipeline.config import TINY_POLICY, ConfigError, RunConfig, for_world_size
 from pipeline.data.sources import DataError, load_records, to_trl_rows
 from pipeline.data.tiny_models import ensure_tiny
-from pipeline.rundir.files import (ADAPTER_DIR, EVAL_SAMPLES, FATAL_FILE, HEALTH, LENGTH_CHANGES, METRICS, SAMPLES,
-                                   TRAINER_DIR, WORKER_FILES, append_event, read_metrics, write_atomic)
+from pipeline.rundir.files import (ADAPTER_DIR, EVAL_SAMPLES, FATAL_FILE, FATAL_METRIC, HEALTH, LENGTH_CHANGES, METRICS,
+                                   SAMPLES, TRAINER_DIR, WORKER_FILES, append_event, read_metrics, write_atomic)
 from pipeline.rundir.metric_names import CAP_METRIC, TIMING_PREFIX
 from pipeline.rundir.storage import RunFileSync, remove_unregistered_checkpoints, retry_cannot_fix, sync_callback
 from pipeline.scoring.clients import make_pool_reward_funcs
@@ -268,6 +268,7 @@ class WorkerRun:
     resume: Resume = field(default_factory=Resume)  # restore
     trainer: Any = None  # build_trainer
     timings: dict[str, float] = field(default_factory=dict)  # timing_s/<phase>, rank 0's into metrics.jsonl
+    fatal: str | None = None  # an error a retry cannot fix, met after training (unless_retry_cannot_fix)
 
     @property
     def is_rank0(self) -> bool:
@@ -316,10 +317,10 @@ def train_loop_per_worker(config: dict) -> None:
     timed(timings, "restore", restore, run)
     timed(timings, "build_trainer", build_trainer, run)
     timed(timings, "train", train, run)
-    timed(timings, "finish", finish, run)
-    if run.is_rank0 and not run.finished:  # a rerun of a finished run saw no step: keep what the run wrote
+    finished = timed(timings, "finish", unless_retry_cannot_fix, run, finish)
+    if finished and run.is_rank0 and not run.finished:  # a rerun of a finished run saw no step: keep what the run wrote
         run.parts.metrics.write({"step": run.trainer.state.global_step, **timings})
-    hand_over(run)
+    hand_over(run, finished)
 
 
 def set_up(args: WorkerArgs) -> WorkerRun | None:
@@ -470,24 +471,34 @@ def finish(run: WorkerRun) -> None:
             run.parts.health.write(run.run_dir / HEALTH)
 
 
-def hand_over(run: WorkerRun) -> None:
-    """The run's files into storage (all of them, before the run reports done), then Ray Train's final report."""
-    storage_error = 0
-    if run.parts.sync is not None:
-        try:
-            run.parts.sync.close()  # everything, the adapter included, is in storage before the run reports done
-        except OSError as e:
-            if not retry_cannot_fix(e):
-                raise  # Ray Train restarts the group from its checkpoint and uploads again
-            # Denied, no such bucket or folder, a full disk: a restart would rerun the last steps to fail the
-            # same way. The driver stops with this cause (exit 2); every rank still reports, as Ray Train expects.
-            write_atomic(run.run_dir / FATAL_FILE, f"{type(e).__name__}: {e}\n")
-            storage_error = 1  # and in the report: the driver may run on another node than rank 0
+def unless_retry_cannot_fix(run: WorkerRun, phase) -> bool:
+    """``phase(run)`` after training; False when it raised an OSError a retry cannot fix (denied, no space,
+    not a directory, a file where a folder must be), its cause kept in ``run.fatal`` and the fatal-error
+    file for the driver (exit 2). Raised, such an error would make Ray Train restart the group, load the
+    model again and fail the same way, up to distributed.max_failures times; any other error is raised:
+    the restart resumes from the last step's checkpoint and retrains nothing."""
+    try:
+        phase(run)
+        return True
+    except OSError as e:
+        if not retry_cannot_fix(e):
+            raise
+        run.fatal = f"{type(e).__name__}: {e}"
+        write_atomic(run.run_dir / FATAL_FILE, run.fatal + "\n")
+        return False
+
+
+def hand_over(run: WorkerRun, finished: bool = True) -> None:
+    """The run's files into storage (all of them, before the run reports done), then Ray Train's final report:
+    every rank reports, as Ray Train expects, a cause that stopped the run included (the driver may run on
+    another node than the rank that met it)."""
+    if finished and run.parts.sync is not None:  # everything, the adapter included, before the run reports done
+        unless_retry_cannot_fix(run, lambda r: r.parts.sync.close())
     history = run.parts.metrics.history
     final = {k: v for k, v in (history[-1] if history else {}).items() if isinstance(v, (int, float))}
     ray.train.report({**final, **run.parts.evaluator.last, **run.timings, "done": 1,
                       "step": max(run.trainer.state.global_step, run.resume.step),
-                      **({"storage_error": 1} if storage_error else {})})
+                      **({FATAL_METRIC: run.fatal} if run.fatal else {})})
 
 
 def export_trained_weights(checkpoint: Path, dest: Path) -> None:

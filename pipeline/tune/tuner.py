@@ -123,8 +123,8 @@ def tune_trial(params: dict[str, Any], *, base: dict[str, Any], space: SearchSpa
             tune.report(last)
         return
     (run_dir / FATAL_FILE).unlink(missing_ok=True)
-    build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[_report_callback(cfg.optimization.max_steps, cfg.output.save_steps)], store=store).fit()
-    raise_if_fatal(run_dir)  # a worker stopped on an error a retry cannot fix: the trial errors with it
+    result = build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg), extra_callbacks=[_report_callback(cfg.optimization.max_steps, cfg.output.save_steps)], store=store).fit()
+    raise_if_fatal(run_dir, result.metrics)  # a worker stopped on an error a retry cannot fix: the trial errors with it
 
 
 def trained(run_dir: Path) -> bool:
