@@ -33,7 +33,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 def test_backend_vllm_without_vllm_exits_2_naming_the_field_and_the_install(tmp_path, command):
     # None in sys.modules is Python's own way of making a module unimportable.
     code = ("import sys; sys.modules['vllm'] = None; from pipeline.cli.main import main; "
-            f"sys.exit(main(sys.argv[1:]))")
+            "sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", code, command, "--set", "generation.backend=vllm",
                            "--set", f"output.root={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
