@@ -66,7 +66,7 @@ def test_cpu_kv_cache_is_sized_for_the_run_and_a_set_value_is_kept(monkeypatch):
             yield torch.zeros(1, dtype=torch.bfloat16)
 
     vllm_cfg = load_config(REPO / "configs" / "sauerkraut-8b.yaml", ["distributed.use_gpu=false"])
-    monkeypatch.delenv(CPU_KV_CACHE_ENV, raising=False)
+    monkeypatch.setenv(CPU_KV_CACHE_ENV, "")  # empty counts as unset; monkeypatch restores the original after
     reserve_cpu_kv_cache(load_config(None), Model(), on_gpu=False)  # hf: nothing to reserve
     reserve_cpu_kv_cache(vllm_cfg, Model(), on_gpu=True)  # a GPU: vLLM's gpu_memory_utilization
     assert CPU_KV_CACHE_ENV not in os.environ
