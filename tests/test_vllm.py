@@ -69,7 +69,7 @@ def test_cpu_kv_cache_is_sized_for_the_run_and_a_set_value_is_kept(monkeypatch):
     monkeypatch.setenv(CPU_KV_CACHE_ENV, "")  # empty counts as unset; monkeypatch restores the original after
     reserve_cpu_kv_cache(load_config(None), Model(), on_gpu=False)  # hf: nothing to reserve
     reserve_cpu_kv_cache(vllm_cfg, Model(), on_gpu=True)  # a GPU: vLLM's gpu_memory_utilization
-    assert CPU_KV_CACHE_ENV not in os.environ
+    assert os.environ[CPU_KV_CACHE_ENV] == ""
     reserve_cpu_kv_cache(vllm_cfg, Model(), on_gpu=False)
     assert os.environ[CPU_KV_CACHE_ENV] == "8"
     monkeypatch.setenv(CPU_KV_CACHE_ENV, "3")
