@@ -22,11 +22,6 @@ from pipeline.rundir.files import read_metrics
 from pipeline.training.vllm_engine import CPU_KV_CACHE_ENV, cpu_kv_cache_gib, reserve_cpu_kv_cache
 
 REPO = Path(__file__).resolve().parents[1]
-# vLLM's own switch for its CPU CI: the model runs eagerly instead of being compiled with inductor, which
-# took ~20 s more per engine start here and, with two workers compiling at once, 8.6 GB per worker (Ray's
-# OOM killer ended the run on this 24 GB machine; eager: 2.8 GB). Set before the session's Ray starts, so
-# its workers inherit it; the project's code paths are the same either way.
-os.environ.setdefault("VLLM_CPU_CI_ENV", "1")
 NO_VLLM = "vLLM is not installed (./scripts/setup.sh test installs its CPU build on a machine without a GPU)"
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
 
