@@ -107,13 +107,14 @@ def vllm_runs(tmp_path_factory, request):
     ], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
 
-    # Two workers, ZeRO-2, in this session's Ray: a fixed cap of 16 that the schedule cuts to 4 at step 2.
+    # Two workers, ZeRO-2, in this session's Ray: a fixed cap of 16 that the schedule cuts to 4 once one step is done
+    # (its steps count completed optimizer steps: the second step generates at 4).
     request.getfixturevalue("ray_local")
     from pipeline.config import config_from_dict
     from pipeline.training.driver import prepare_run_dir, run_training
 
     data = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
-    data["generation"].update(backend="vllm", max_completion_length=16, length_schedule=[[2, 4]])
+    data["generation"].update(backend="vllm", max_completion_length=16, length_schedule=[[1, 4]])
     data["optimization"].update(max_steps=2, per_device_train_batch_size=4)
     data["distributed"].update(num_workers=2, zero_stage=2, cpus_per_worker=0.5, max_failures=0)
     data["judge"].update(cpus_per_actor=0.25)
