@@ -208,7 +208,7 @@ class Evaluator(TrainerCallback):
         prompts = [ids[mask.bool()].tolist() for enc in batches for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
         g = self.cfg.generation
         sampled = engine_sample(self.trainer, prompts, max_tokens=self.max_new_tokens, temperature=g.temperature,
-                                top_p=g.top_p, stop_token_ids=self.eos_ids, seed=seed)
+                                top_p=g.top_p, top_k=g.top_k or 0, stop_token_ids=self.eos_ids, seed=seed)
         out, at = [], 0
         for enc in batches:
             out.append(sampled[at:at + len(enc["input_ids"])])
@@ -220,9 +220,10 @@ class Evaluator(TrainerCallback):
         and the policy's of the same tokens) for one batch: sampled by HF generate, or taken from the engine."""
         width = enc["input_ids"].shape[1]
         if sampled is None:
+            g = self.cfg.generation  # top_k 0 is off: unset, generate would apply the model's default (50)
             seqs = model.generate(
-                **enc, max_new_tokens=self.max_new_tokens, do_sample=True, temperature=self.cfg.generation.temperature,
-                top_p=self.cfg.generation.top_p, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.eos_ids,
+                **enc, max_new_tokens=self.max_new_tokens, do_sample=True, temperature=g.temperature, top_p=g.top_p,
+                top_k=g.top_k or 0, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.eos_ids,
             )
             rows = [self._cut(row) for row in seqs[:, width:].tolist()]
             kls, _ = self._logprobs(model, enc, rows, policy=False)

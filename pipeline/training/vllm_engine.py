@@ -43,13 +43,13 @@ def reserve_cpu_kv_cache(cfg: RunConfig, model, on_gpu: bool, length_ceiling: in
 
 
 def engine_sample(trainer, prompts: list[list[int]], *, max_tokens: int, temperature: float, top_p: float,
-                  stop_token_ids: list[int], seed: int) -> list[tuple[list[int], float]]:
+                  top_k: int, stop_token_ids: list[int], seed: int) -> list[tuple[list[int], float]]:
     """One completion per prompt from the engine holding the policy's current weights: (token ids, the
     engine's log-probability of them). Prompt i samples from seed + i, so a later call with the same
     prompts and seed differs only where the weights do."""
     from vllm import SamplingParams  # vllm: installed for generation.backend vllm only
 
-    params = [SamplingParams(n=1, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+    params = [SamplingParams(n=1, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                              stop_token_ids=list(stop_token_ids), seed=seed + i, logprobs=0)
               for i in range(len(prompts))]
     with colocated_engine(trainer) as llm:  # every rank, with prompts or not: the weight sync is collective
