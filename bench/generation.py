@@ -17,7 +17,7 @@
 
 vLLM's CPU build sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB): set to 1 here unless set.
 
-    python -m bench.generation [--steps 8] [--repeats 4] [--max-new-tokens 32] [--batch 8] [--only generation|steps] [--json]
+    python -m bench.generation [--steps 8] [--repeats 16] [--max-new-tokens 32] [--batch 8 [64 ...]] [--only generation|steps] [--json]
 """
 
 from __future__ import annotations
@@ -76,7 +76,13 @@ def timed_batches(generate, batches) -> dict:
     return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": tokens / seconds}
 
 
-def generate_hf(cfg, batches, budget: int, threads: int) -> dict:
+def timed_sizes(generate, by_size: dict[int, list]) -> dict:
+    """``timed_batches`` per batch size; the first size's tokens/s is the engine's headline figure."""
+    by_batch = {size: timed_batches(generate, batches) for size, batches in by_size.items()}
+    return {"tokens_per_s": next(iter(by_batch.values()))["tokens_per_s"], "by_batch": by_batch}
+
+
+def generate_hf(cfg, by_size: dict[int, list], budget: int, threads: int) -> dict:
     import torch
 
     from pipeline.training.worker import load_policy  # lazy: imports torch and transformers
@@ -96,10 +102,10 @@ def generate_hf(cfg, batches, budget: int, threads: int) -> dict:
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids)
         return [generated_length(row.tolist(), eos) for row in out[:, inputs["input_ids"].shape[1]:]]
 
-    return {**timed_batches(generate, batches), "startup_s": round(startup, 3), "eos_ids": eos_ids}
+    return {**timed_sizes(generate, by_size), "startup_s": round(startup, 3), "eos_ids": eos_ids}
 
 
-def generate_vllm(cfg, policy: str, batches, budget: int, threads: int, eos_ids: list[int]) -> dict:
+def generate_vllm(cfg, policy: str, by_size: dict[int, list], budget: int, threads: int, eos_ids: list[int]) -> dict:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")
     from vllm import LLM, SamplingParams  # vLLM: only this part of the bench needs it
 
@@ -116,21 +122,25 @@ def generate_vllm(cfg, policy: str, batches, budget: int, threads: int, eos_ids:
         outs = llm.generate([{"prompt_token_ids": ids} for ids in batch], params, use_tqdm=False)
         return [generated_length(list(o.outputs[0].token_ids), eos) for o in outs]
 
-    result = {**timed_batches(generate, batches), "startup_s": round(startup, 3)}
+    result = {**timed_sizes(generate, by_size), "startup_s": round(startup, 3)}
     del llm
     return result
 
 
-def generation_alone(budget: int, repeats: int, threads: int, seed: int, batch: int | None) -> dict:
+def generation_alone(budget: int, repeats: int, threads: int, seed: int, sizes: list[int] | None) -> dict:
     from pipeline.data.tiny_models import ensure_tiny  # lazy: builds the tiny policy on first use
     from pipeline.training.worker import load_tokenizer  # lazy: imports torch and transformers
 
     cfg = bench_config("hf", 1, budget, seed)
     policy = str(ensure_tiny())
-    batches = prompt_batches(cfg, load_tokenizer(cfg), repeats + 1, batch or cfg.generation_batch_size)
-    hf = generate_hf(cfg, batches, budget, threads)
-    return {"hf": hf, "vllm": generate_vllm(cfg, policy, batches, budget, threads, hf["eos_ids"]),
-            "batch": len(batches[0]), "max_new_tokens": budget, "threads": threads}
+    tokenizer = load_tokenizer(cfg)
+    by_size = {}
+    for size in sizes or [cfg.generation_batch_size]:
+        batches = prompt_batches(cfg, tokenizer, repeats + 1, size)
+        by_size[len(batches[0])] = batches
+    hf = generate_hf(cfg, by_size, budget, threads)
+    return {"hf": hf, "vllm": generate_vllm(cfg, policy, by_size, budget, threads, hf["eos_ids"]),
+            "batch": next(iter(by_size)), "max_new_tokens": budget, "threads": threads}
 
 
 def steps_run(backend: str, steps: int, budget: int, seed: int, workdir: Path) -> dict:
@@ -193,13 +203,18 @@ def print_table(result: dict) -> None:
               f"{gen['threads']} thread(s), {result['repeats']} timed batches")
     if result.get("steps"):
         print(f"GRPO steps: configs/tiny.yaml, {result['steps_run']} steps, cap {result['max_new_tokens']}, seed {result['seed']}")
+
     def fmt(v, spec):
         return "n/a" if v is None else format(v, spec)
+
     print(f"{'':14}{'tokens/s':>10}{'sec/step':>10}{'startup s':>11}{'load s (gen)':>14}")
     for name in (*BACKENDS, "vllm_over_hf"):
         r = result["summary"][name]
         print(f"{name:14}{fmt(r['tokens_per_s'], '.1f'):>10}{fmt(r['sec_per_step'], '.3f'):>10}"
               f"{fmt(r['startup_s'], '.1f'):>11}{fmt(r['generation_startup_s'], '.1f'):>14}")
+    for size in (gen or {}).get("hf", {}).get("by_batch", {}):
+        hf, vl = gen["hf"]["by_batch"][size]["tokens_per_s"], gen["vllm"]["by_batch"][size]["tokens_per_s"]
+        print(f"batch {size}: hf {hf:.1f} tokens/s, vllm {vl:.1f} tokens/s, vllm/hf {vl / hf:.2f}")
     for b, r in (result.get("steps") or {}).items():
         print(f"{b}: first step {fmt(r['first_step_s'], '.2f')} s, mean completion {fmt(r['mean_completion_tokens'], '.1f')} tokens, "
               f"{r['steps']} steps, wall {r['wall_s']} s")
@@ -208,15 +223,17 @@ def print_table(result: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8, help="GRPO steps per engine (default 8)")
-    ap.add_argument("--repeats", type=int, default=4, help="timed generation batches per engine (default 4)")
+    ap.add_argument("--repeats", type=int, default=16, help="timed generation batches per engine and size (default 16)")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="the token budget B (default 32)")
-    ap.add_argument("--batch", type=int, help="completions per generation batch (default: the run's generation batch, 8)")
+    ap.add_argument("--batch", type=int, nargs="+",
+                    help="completions per generation batch, one or more sizes (default: the run's generation batch, 8)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per engine (default 1, as the Ray worker)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--only", choices=("generation", "steps"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM logs to stdout: keep --json clean
     gen = generation_alone(args.max_new_tokens, args.repeats, args.threads, args.seed, args.batch) if args.only != "steps" else None
     steps = whole_steps(args.steps, args.max_new_tokens, args.seed) if args.only != "generation" else None
     result = {"summary": summarize(gen, steps), "generation": gen, "steps": steps, "steps_run": args.steps,
