@@ -149,6 +149,8 @@ def test_edge_values_that_mean_something_are_accepted(path, value):
     ("generation.backend=vlm", "(did you mean 'vllm'?)"),
     ("grpo.loss_type=dapoo", "(did you mean 'dapo'?)"),
     ("distributed.zero_stage=4", "distributed.zero_stage: 4 must be in [0, 3]"),
+    ("generation.vllm_gpu_memory_utilization=0", "generation.vllm_gpu_memory_utilization: 0 must be in (0, 1]"),
+    ("generation.vllm_gpu_memory_utilization=1.5", "generation.vllm_gpu_memory_utilization: 1.5 must be in (0, 1]"),
 ])
 def test_a_wrong_name_is_refused_with_a_suggestion(override, needle):
     with pytest.raises(ConfigError) as e:

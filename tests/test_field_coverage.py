@@ -25,6 +25,7 @@ FIELD_TESTS: dict[str, str] = {
     "model.trust_remote_code": "tests/test_secure_defaults.py::test_worker_refuses_remote_code_unless_the_config_allows_it",
     "model.gradient_checkpointing": SEAM + "test_field_reaches_grpo_config",
     "model.attn_implementation": SEAM + "test_attn_implementation_reaches_the_loaded_policy",
+    "generation.vllm_sleep_mode": SEAM + "test_vllm_engine_settings_reach_grpo_config",
     **{f"lora.{k}": SEAM + "test_field_reaches_lora_config" for k in ("enabled", "r", "alpha", "dropout", "target_modules")},
     "data.source": "tests/test_data.py::test_local_parquet_folder",
     "data.path": "tests/test_data.py::test_local_jsonl_skips_and_counts_by_reason",
@@ -162,6 +163,27 @@ def test_field_reaches_grpo_config(override, attr, expected):
     base, changed = getattr(_grpo_args(), attr), getattr(_grpo_args(override), attr)
     value = getattr(changed, "value", changed)  # enums (lr_scheduler_type, optim)
     assert value == expected and changed != base, (base, changed)
+
+
+def test_vllm_engine_settings_reach_grpo_config():
+    """Sleep mode reaches TRL on a GPU only (the CPU build has none); the engine's context is the longest
+    prompt plus the most the run generates, training cap or evaluation budget."""
+    from pipeline.training.worker import build_grpo_config
+
+    def args(on_gpu: bool, *overrides: str):
+        cfg = load_config(None, ["generation.backend=vllm", "optimization.precision=fp32", *overrides])
+        return build_grpo_config(cfg, Path("/tmp/unused"), on_gpu=on_gpu, is_rank0=True, reward_weights=[1.0, 0, 0, 0])
+
+    assert args(True, "generation.vllm_sleep_mode=true").vllm_enable_sleep_mode is True
+    assert args(True).vllm_enable_sleep_mode is False and args(False, "generation.vllm_sleep_mode=true").vllm_enable_sleep_mode is False
+    assert args(False, "generation.max_completion_length=48", "data.max_prompt_length=100").vllm_max_model_length == 148
+    assert args(False, "generation.max_completion_length=48", "generation.length_schedule=[[5, 64]]",
+                "data.max_prompt_length=100").vllm_max_model_length == 164
+    assert args(False, "generation.max_completion_length=48", "eval.max_new_tokens=80",
+                "data.max_prompt_length=100").vllm_max_model_length == 180
+    adaptive = args(False, "generation.max_completion_length=adaptive", "generation.adaptive.start=10", "generation.adaptive.floor=8",
+                    "generation.adaptive.ceiling=null", "data.max_prompt_length=100")
+    assert adaptive.vllm_max_model_length == 140  # no ceiling set and no planner on CPU: 4x the start
 
 
 @pytest.mark.parametrize("override,attr,expected", [

@@ -185,7 +185,9 @@ def test_layer_activations_equal_saved_tensors_on_cpu(attn, lora, dropout, dtype
 
 
 def test_memory_grows_with_num_generations_when_prompts_per_round_are_kept():
-    totals = [M.plan_run(cfg8b(f"generation.num_generations={g}", f"optimization.per_device_train_batch_size={g}"), 80).total_gib
+    # HF generate: its KV cache grows with the batch (vLLM's share is a fixed fraction of the GPU)
+    totals = [M.plan_run(cfg8b("generation.backend=hf", f"generation.num_generations={g}",
+                               f"optimization.per_device_train_batch_size={g}"), 80).total_gib
               for g in (4, 8, 16, 32)]
     assert totals == sorted(totals) and len(set(totals)) == 4
     # at a fixed per-device batch only the number of distinct prompts changes: same memory
@@ -224,10 +226,11 @@ def test_reference_model_is_a_copy_only_without_lora():
 
 
 def test_fits_flips_at_the_gpu_size():
-    total = M.plan_run(cfg8b(), 80).total_gib
+    hf = cfg8b("generation.backend=hf")  # vLLM's share scales with the GPU: no single edge
+    total = M.plan_run(hf, 80).total_gib
     edge = total / (1 - M.HEADROOM)
-    assert M.plan_run(cfg8b(), edge + 0.01).fits is True
-    assert M.plan_run(cfg8b(), edge - 0.01).fits is False
+    assert M.plan_run(hf, edge + 0.01).fits is True
+    assert M.plan_run(hf, edge - 0.01).fits is False
     assert M.plan_run(cfg8b(), 8.0).max_num_generations == 0  # weights alone exceed 8 GiB
 
 
@@ -246,8 +249,37 @@ def test_same_gpu_judge_and_vllm_are_counted():
     own = M.plan_run(cfg8b(), 80)
     same = M.plan_run(cfg8b("judge.placement=same_gpu", "judge.gpus_per_actor=0.5"), 80)  # Qwen2.5-7B judge beside the policy
     assert same.components["judge"] > 14 and same.total_gib > own.total_gib + 14
-    vllm = M.plan_run(cfg8b("generation.backend=vllm", "generation.vllm_gpu_memory_utilization=0.3"), 80)
+    vllm = M.plan_run(cfg8b("generation.vllm_gpu_memory_utilization=0.3", "generation.vllm_sleep_mode=false"), 80)
     assert vllm.components["vllm_reservation"] == pytest.approx(24.0) and vllm.components["generation_kv_cache"] == 0
+
+
+def test_vllm_share_is_weights_then_kv_cache_and_sleep_mode_frees_it_for_training():
+    """vLLM's gpu_memory_utilization covers its own (unsharded) weights, its KV cache gets the rest; with
+    sleep mode the share is held only in the generation phase, so the peak is the larger phase, not both."""
+    awake = M.plan_run(cfg8b("generation.vllm_sleep_mode=false"), 80)
+    asleep = M.plan_run(cfg8b(), 80)  # the shipped 8B config: vLLM with sleep mode
+    share = 0.3 * 80
+    assert awake.components["vllm_reservation"] == pytest.approx(share) and awake.components["vllm_awake"] == 0
+    assert asleep.components["vllm_awake"] == pytest.approx(share) and asleep.components["vllm_reservation"] == 0
+    # awake: share + training phase on top of the rest; asleep: the larger of the two (here the share)
+    assert asleep.peak_phase == "generation" and awake.peak_phase == "training"
+    training = awake.components["activations"] + awake.components["logits"]
+    overheads = awake.components["framework_overhead"] - asleep.components["framework_overhead"]
+    assert asleep.total_gib == pytest.approx(awake.total_gib - training - overheads, abs=1e-6)
+    x = M.plan_inputs(cfg8b(), 80, None)
+    seq_bytes = (x.prompt_len + x.completion_len) * 2 * x.shape.num_layers * x.shape.kv_dim * x.wbytes
+    kv_seqs = int((share - awake.components["base_weights"]) * M.GIB) // seq_bytes
+    assert f"{kv_seqs} of the rollout's" in awake.details["vllm_reservation"], awake.details
+
+
+def test_vllm_share_that_cannot_work_is_named():
+    too_small = M.plan_run(cfg8b("generation.vllm_gpu_memory_utilization=0.15"), 80)  # 12 GiB < 15 GiB of weights
+    assert any("vLLM cannot start" in n and "vllm_gpu_memory_utilization 0.15" in n for n in too_small.notes), too_small.notes
+    tight = M.plan_run(cfg8b("generation.vllm_gpu_memory_utilization=0.2"), 80)  # room for fewer seqs than a rollout
+    assert any("sequences at once" in n for n in tight.notes), tight.notes
+    both = M.plan_run(cfg8b("generation.vllm_gpu_memory_utilization=0.7", "generation.vllm_sleep_mode=false"), 80)
+    assert not both.fits and any("do not both fit" in n and "vllm_sleep_mode: true" in n for n in both.notes), both.notes
+    assert not any("do not both fit" in n for n in M.plan_run(cfg8b("generation.vllm_gpu_memory_utilization=0.5"), 80).notes)
 
 
 def test_completion_length_ceiling_is_the_largest_that_fits():
@@ -301,7 +333,8 @@ def test_cli_json_schema():
     assert data["gpu_gib"] == M.GPU_PRESETS["A10"][1] and isinstance(data["fits"], bool)
     assert isinstance(data["max_num_generations"], int)
     assert set(data["components"]) == set(M.COMPONENT_ORDER) and all(isinstance(v, float) for v in data["components"].values())
-    off_peak = {"generation": ("activations", "logits"), "training": ("generation_kv_cache", "generation_transient")}[data["peak_phase"]]
+    off_peak = {"generation": ("activations", "logits"),
+                "training": ("generation_kv_cache", "generation_transient", "vllm_awake")}[data["peak_phase"]]
     counted = sum(v for k, v in data["components"].items() if k not in off_peak)
     assert counted == pytest.approx(data["total_gib"], abs=0.01)
 

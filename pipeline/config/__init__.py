@@ -16,8 +16,8 @@ May import: ``pipeline.rundir``, ``pipeline.errors``, ``pipeline.seams``.
 from pipeline.config.batch import (accumulation_for, divides_into_groups, for_world_size, samples_per_step,
                                    scaling_num_workers, worker_count_problems, worker_range)
 from pipeline.config.build import build
-from pipeline.config.checks import (RESUME_SAFE_FIELDS, STORAGE_SCHEMES, model_reference_problem, on_disk, resolve_path,
-                                    resume_changes, validate)
+from pipeline.config.checks import (RESUME_SAFE_FIELDS, STORAGE_SCHEMES, engine_problem, model_reference_problem, on_disk,
+                                    resolve_path, resume_changes, validate)
 from pipeline.config.load import (MAX_PROBLEMS, apply_overrides, config_from_dict, get_path, load_config, set_path,
                                   yaml_number)
 from pipeline.config.messages import ConfigError, did_you_mean
@@ -37,7 +37,7 @@ __all__ = [
     "TINY_POLICY", "AdaptiveLengthSection", "ConfigError", "DataSection", "DistributedSection", "DynamicSamplingSection",
     "EvalSection", "GenerationSection", "GRPOSection", "JudgeSection", "LoggingSection", "LoraSection", "ModelSection",
     "OptimizationSection", "OutputSection", "RewardsSection", "RunConfig", "accumulation_for", "apply_overrides", "build",
-    "config_from_dict", "did_you_mean", "divides_into_groups", "field_values", "for_world_size", "get_path",
+    "config_from_dict", "did_you_mean", "divides_into_groups", "engine_problem", "field_values", "for_world_size", "get_path",
     "load_config", "model_reference_problem", "on_disk", "read_yaml", "resolve_path", "resume_changes",
     "samples_per_step", "scaling_num_workers", "scheduled_length", "set_path", "validate", "worker_count_problems",
     "worker_range", "yaml_number",

@@ -5,7 +5,9 @@ policy: which fields a rerun may change and still resume."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,23 @@ def _check_generation(cfg: RunConfig, base_dir: Path | None) -> list[str]:
     if a.ceiling is not None and a.ceiling < max(a.floor, a.start):
         p.append(f"generation.adaptive.ceiling: {a.ceiling} must be >= floor {a.floor} and start {a.start}")
     return p
+
+
+def _installed(module: str) -> bool:
+    """Importable, without importing it (vLLM takes seconds to import); None in sys.modules blocks it."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
+
+
+def engine_problem(cfg: RunConfig) -> str | None:
+    """Why the configured generation engine cannot start here, or None. Asked by the commands that
+    generate (train, tune), not by those that only read the config (plan, doctor): a laptop without
+    vLLM may plan a vLLM run."""
+    if cfg.generation.backend == "vllm" and not _installed("vllm"):
+        return ("generation.backend: 'vllm' needs vLLM, which is not installed in this environment; install it "
+                "with ./scripts/setup.sh vllm (without a GPU that is vLLM's CPU build), or set generation.backend: hf")
+    return None
 
 
 def _check_grpo(cfg: RunConfig, base_dir: Path | None) -> list[str]:

@@ -189,7 +189,10 @@ class GenerationSection(Section):
     length_schedule: list[list[int]] = field(default_factory=list)  # [[step, max_len], ...]
     adaptive: AdaptiveLengthSection = field(default_factory=AdaptiveLengthSection)
     backend: Literal[GENERATION_BACKENDS] = "hf"
-    vllm_gpu_memory_utilization: Annotated[float, Gt(0), Le(1)] = 0.3
+    vllm_gpu_memory_utilization: Annotated[float, Gt(0), Le(1)] = 0.3  # GPU: the engine's share (weights + KV cache)
+    # GPU: the engine lets go of its weights and KV cache between rollouts (vLLM sleep level 2), so training
+    # has that memory; the weights are pushed again before each rollout (they change every step anyway).
+    vllm_sleep_mode: bool = False
     steps_per_generation: PositiveInt | None = None  # TRL default: gradient_accumulation_steps
 
 
@@ -324,6 +327,14 @@ class RunConfig(Section):
     def initial_max_completion_length(self) -> int:
         g = self.generation
         return g.adaptive.start if self.adaptive_length else int(g.max_completion_length)
+
+    def completion_budget(self, planner_ceiling: int | None = None) -> int:
+        """The most tokens one training completion ever gets: the adaptive ceiling (set, else the memory
+        planner's on a GPU, else 4x the start), or the largest fixed/scheduled length."""
+        g = self.generation
+        if self.adaptive_length:
+            return g.adaptive.ceiling or planner_ceiling or 4 * g.adaptive.start
+        return max([int(g.max_completion_length), *(length for _, length in g.length_schedule)])
 
     @property
     def generation_batch_size(self) -> int:

@@ -41,6 +41,7 @@ class PlanInputs:
     fused_logits: bool
     gpu_gib: float | None
     refill_oversample: float | None = None  # grpo.dynamic_sampling.oversample when enabled, else None
+    vllm_sleep: bool = False  # sleep mode: vLLM holds its share only while generating
 
 
 def human_count(count: float) -> str:
@@ -103,7 +104,7 @@ def estimate(x: PlanInputs) -> tuple[dict[str, int], dict[str, str], str]:
     _judge_term(x, c, why)
     _generation_terms(x, c, why)
     _training_terms(x, c, why)
-    gen_phase = c["generation_kv_cache"] + c["generation_transient"]
+    gen_phase = c["generation_kv_cache"] + c["generation_transient"] + c["vllm_awake"]
     train_phase = c["activations"] + c["logits"]
     phase = "training" if train_phase >= gen_phase else "generation"
     c["framework_overhead"] = int(CUDA_CONTEXT_GIB * GIB + FRAGMENTATION * max(gen_phase, train_phase))
@@ -187,14 +188,10 @@ def _generation_terms(x: PlanInputs, c: dict[str, int], why: dict[str, str]) -> 
     if x.zero_stage == 3:  # TRL's ds3_gather_for_generation gathers the full weights for generate()
         gen_extra += n_params * a - c["base_weights"] - c["lora_weights"]
     if x.vllm_util is not None:
-        c["vllm_reservation"] = int(x.vllm_util * x.gpu_gib * GIB) if x.gpu_gib else n_params * a + seqs * seq * kv_per_token
-        why["vllm_reservation"] = (f"colocated vLLM takes {x.vllm_util:.0%} of the GPU for its weights + KV cache"
-                                   if x.gpu_gib else "colocated vLLM: weights + KV cache (no GPU size given)")
-        c["generation_kv_cache"] = 0
-        why["generation_kv_cache"] = "inside the vLLM reservation"
+        _vllm_terms(x, c, why, seqs, seq, kv_per_token)
     else:
-        c["vllm_reservation"] = 0
-        why["vllm_reservation"] = "generation.backend hf"
+        c["vllm_reservation"] = c["vllm_awake"] = 0
+        why["vllm_reservation"] = why["vllm_awake"] = "generation.backend hf"
         c["generation_kv_cache"] = seqs * seq * kv_per_token
         why["generation_kv_cache"] = f"{seqs} seqs x {seq} tokens x {kv_per_token // 1024} KiB"
         # prefill of one layer at a time under no_grad (norm in fp32, q/k/v/out with K/V repeated, SwiGLU),
@@ -203,6 +200,23 @@ def _generation_terms(x: PlanInputs, c: dict[str, int], why: dict[str, str]) -> 
         gen_extra += 3 * seqs * s.vocab_size * 4
     c["generation_transient"] = gen_extra
     why["generation_transient"] = "prefill of one layer + sampling logits" + (" + ZeRO-3 gathered weights" if x.zero_stage == 3 else "")
+
+
+def _vllm_terms(x: PlanInputs, c: dict[str, int], why: dict[str, str], seqs: int, seq: int, kv_per_token: int) -> None:
+    """Colocated vLLM's share as vLLM allots it: gpu_memory_utilization x the GPU for its own weights (unsharded)
+    and, in what is left, its KV cache. Held for the whole run, or with sleep mode (level 2) only while
+    generating: weights and KV cache are let go for the training phase and the weights pushed back after."""
+    weights = x.shape.param_count() * x.wbytes
+    reserved = int(x.vllm_util * x.gpu_gib * GIB) if x.gpu_gib else weights + seqs * seq * kv_per_token
+    kv_seqs = max(0, reserved - weights) // (seq * kv_per_token)
+    share = f"{x.vllm_util:.0%} of the GPU" if x.gpu_gib else "weights + KV cache (no GPU size given)"
+    note = (f"colocated vLLM, {share}: {weights / GIB:.1f} GiB weights + {max(0, reserved - weights) / GIB:.1f} GiB "
+            f"KV cache ({kv_seqs} of the rollout's {seqs} seqs x {seq} tokens at once)")
+    key, idle = ("vllm_awake", "vllm_reservation") if x.vllm_sleep else ("vllm_reservation", "vllm_awake")
+    c[key], why[key] = reserved, note + (", released while training (sleep mode)" if x.vllm_sleep else "")
+    c[idle], why[idle] = 0, "vllm_awake: sleep mode, held only while generating" if x.vllm_sleep else "sleep mode off"
+    c["generation_kv_cache"] = 0
+    why["generation_kv_cache"] = "inside the vLLM reservation"
 
 
 def _training_terms(x: PlanInputs, c: dict[str, int], why: dict[str, str]) -> None:
@@ -233,8 +247,9 @@ def _training_terms(x: PlanInputs, c: dict[str, int], why: dict[str, str]) -> No
         why["logits"] = f"{n_c} completion tokens x {s.vocab_size} vocab x fp32 x 2 (logits + log_softmax)"
 
 
-PHASE = {"generation_kv_cache": "generation", "generation_transient": "generation", "activations": "training", "logits": "training"}
-COMPONENT_ORDER = ("base_weights", "lora_weights", "gradients", "optimizer_states", "reference_model", "judge", "vllm_reservation",
+PHASE = {"generation_kv_cache": "generation", "generation_transient": "generation", "vllm_awake": "generation",
+         "activations": "training", "logits": "training"}
+COMPONENT_ORDER = ("base_weights", "lora_weights", "gradients", "optimizer_states", "reference_model", "judge", "vllm_reservation", "vllm_awake",
           "generation_kv_cache", "generation_transient", "activations", "logits", "framework_overhead")
 
 

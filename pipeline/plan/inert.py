@@ -107,7 +107,10 @@ def _modes_off_inert(cfg: RunConfig) -> list[str]:
                 for n in _changed(a, tuple(f.name for f in dataclasses.fields(a)))]
     if g.backend != "vllm":
         out += [f"generation.{n} has no effect: generation.backend is {g.backend!r}, not 'vllm'"
-                for n in _changed(g, ("vllm_gpu_memory_utilization",))]
+                for n in _changed(g, ("vllm_gpu_memory_utilization", "vllm_sleep_mode"))]
+    elif not cfg.distributed.use_gpu:  # the CPU build: its KV cache is sized for the run (training/vllm_engine.py)
+        out += [f"generation.{n} has no effect: distributed.use_gpu is false (vLLM's CPU build sizes its KV cache "
+                "for the run and has no sleep mode)" for n in _changed(g, ("vllm_gpu_memory_utilization", "vllm_sleep_mode"))]
     if not cfg.lora.enabled:
         out += [f"lora.{n} has no effect: lora.enabled is false (full fine-tuning)"
                 for n in _changed(cfg.lora, ("r", "alpha", "dropout", "target_modules"))]

@@ -91,7 +91,32 @@ def plan_inputs(cfg: RunConfig, gpu_gib: float | None, num_gpus: int | None) -> 
         attn="flash" if "flash" in attn else ("eager" if attn == "eager" else "sdpa"),
         fused_logits=fuses_lm_head(), gpu_gib=gpu_gib,
         refill_oversample=cfg.grpo.dynamic_sampling.oversample if cfg.grpo.dynamic_sampling.enabled else None,
+        vllm_sleep=cfg.generation.backend == "vllm" and cfg.generation.vllm_sleep_mode,
     )
+
+
+def _vllm_notes(x: PlanInputs, c: dict[str, int], total: int) -> list[str]:
+    """Where colocated vLLM's share cannot work: too small for its weights or one sequence, too small for a
+    whole rollout at once, or too large to leave training its memory."""
+    if x.vllm_util is None or not x.gpu_gib:
+        return []
+    weights, seq = x.shape.param_count() * x.wbytes, x.prompt_len + x.completion_len
+    kv_seqs = (int(x.vllm_util * x.gpu_gib * GIB) - weights) // (seq * 2 * x.shape.num_layers * x.shape.kv_dim * x.wbytes)
+    rollout = x.batch * x.steps_per_generation
+    share = f"generation.vllm_gpu_memory_utilization {x.vllm_util} ({x.vllm_util * x.gpu_gib:.1f} of {x.gpu_gib} GiB)"
+    if kv_seqs < 1:
+        return [f"{share} leaves no KV cache for one {seq}-token sequence after vLLM's {weights / GIB:.1f} GiB of "
+                "weights: vLLM cannot start; raise it"]
+    notes = []
+    if kv_seqs < rollout:
+        notes.append(f"{share}: vLLM's KV cache holds {kv_seqs} of a rollout's {rollout} sequences at once; the rest "
+                     "wait for room (slower rollouts); raise it for one pass")
+    if total > x.gpu_gib * GIB * (1 - HEADROOM):
+        held = c["vllm_reservation"] + c["vllm_awake"]
+        notes.append(f"vLLM's share ({held / GIB:.1f} GiB) and training ({(total - held) / GIB:.1f} GiB) do not both fit "
+                     f"in {x.gpu_gib} GiB: lower {share.split(' ')[0]}"
+                     + ("" if x.vllm_sleep else ", or set generation.vllm_sleep_mode: true (it frees the share while training)"))
+    return notes
 
 
 def fits_gpu(x: PlanInputs) -> bool:
@@ -137,8 +162,7 @@ def plan_run(cfg: RunConfig, gpu_gib: float | None = None, num_gpus: int | None 
     c, why, phase = estimate(x)
     total = peak_total(c, phase)
     notes = []
-    if x.vllm_util is not None and x.gpu_gib and x.vllm_util * x.gpu_gib < x.shape.param_count() * x.wbytes / GIB:
-        notes.append(f"vLLM's share ({x.vllm_util:.0%} of {x.gpu_gib} GiB) is smaller than the weights: vLLM cannot start")
+    notes += _vllm_notes(x, c, total)
     if cfg.judge.placement == "same_gpu" and cfg.judge.backend == "self":
         notes.append("judge 'self' shares the policy's weights; its scoring forward is not counted")
     if x.steps_per_generation > 1 and x.vllm_util is None:

@@ -25,7 +25,12 @@ def answer_score(scores: Mapping[str, float], ended_with_eos: bool, weights: Map
 
 
 def eval_rows(step: int, records: Sequence[Mapping[str, Any]], answers: Sequence[str], ended: Sequence[bool],
-              scores: Mapping[str, Sequence[float]], weights: Mapping[str, float]) -> list[dict[str, Any]]:
+              scores: Mapping[str, Sequence[float]], weights: Mapping[str, float],
+              engine_logprobs: Sequence[float | None] | None = None,
+              policy_logprobs: Sequence[float | None] | None = None) -> list[dict[str, Any]]:
+    """One row per answer. With generation.backend vllm also ``engine_logprob``, the engine's log-probability
+    of the answer it sampled, and ``policy_logprob``, the trained policy's of the same tokens: equal (up to
+    numerics) when the engine holds the policy's current weights, apart when its weights are stale."""
     rows, seen = [], Counter()
     for i, (rec, text) in enumerate(zip(records, answers)):
         comp = {k: float(v[i]) for k, v in scores.items()}
@@ -34,6 +39,9 @@ def eval_rows(step: int, records: Sequence[Mapping[str, Any]], answers: Sequence
         rows.append({"step": step, "id": rec.get("id"), "prompt": rec["question"], "sample": sample, "completion": text,
                      "reference": rec["reference"], "ended_with_eos": bool(ended[i]), "scores": comp,
                      "score": answer_score(comp, bool(ended[i]), weights)})
+        if engine_logprobs is not None and engine_logprobs[i] is not None:
+            rows[-1]["engine_logprob"] = round(float(engine_logprobs[i]), 6)
+            rows[-1]["policy_logprob"] = round(float(policy_logprobs[i]), 6)
     return rows
 
 

@@ -6,7 +6,9 @@ TRL is imported lazily here (seconds): ``memory.py`` (the planner) must stay lig
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import sys
+from typing import Any, Callable, Iterator
 
 SAMPLE_LOG_KEYS = ("prompt", "completion", "rewards", "extra")
 
@@ -157,3 +159,42 @@ def fuses_lm_head() -> bool:
     except ImportError:
         return False
     return "add_fused_lm_head" in dir(trl.trainer)
+
+
+@contextlib.contextmanager
+def colocated_engine(trainer) -> Iterator[Any]:
+    """The trainer's colocated vLLM engine (``vllm.LLM``) holding the policy's current weights, for
+    generation outside TRL's rollout (the held-out evaluation).
+
+    trl 1.16.0 pushes the weights into the engine only when its rollout sees a new optimizer step
+    (private ``_last_loaded_step``) and, with sleep mode, wakes the engine for a rollout and puts it
+    back to sleep (level 2: weights discarded; private ``vllm_generation._llm_weights_sleeping``).
+    The same is done here, so an evaluation never samples from stale weights nor leaves the engine
+    holding memory training needs. Every rank must enter (the weight sync gathers ZeRO-3 shards).
+    """
+    vllm = getattr(trainer, "vllm_generation", None)
+    if vllm is None or not hasattr(trainer, "_last_loaded_step") or not hasattr(vllm, "sync_weights"):
+        raise seam_gone("GRPOTrainer.vllm_generation / _last_loaded_step", "evaluation through vLLM",
+                        ", so the evaluation could sample from stale weights")
+    sleeping = bool(getattr(vllm, "_llm_weights_sleeping", False))
+    if trainer._last_loaded_step != trainer.state.global_step or sleeping:
+        vllm.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step
+        vllm._llm_weights_sleeping = False
+    if vllm.enable_sleep_mode:
+        vllm.llm.wake_up(tags=["kv_cache"])
+    try:
+        yield vllm.llm
+    finally:
+        if vllm.enable_sleep_mode:
+            vllm.llm.sleep(level=2)
+            vllm._llm_weights_sleeping = True
+
+
+def keep_vllm_unloaded() -> None:
+    """For a process that generates with HF ``generate``: trl 1.16.0 imports vLLM along with ``GRPOTrainer``
+    whenever vLLM is installed (``trl.generation`` asks ``is_vllm_available()`` at import), seconds of
+    CPU per Ray Train worker for nothing. None in ``sys.modules`` makes vLLM unimportable, so TRL finds it
+    absent; a process that has already imported TRL or vLLM is left as it is."""
+    if "trl" not in sys.modules and "vllm" not in sys.modules:
+        sys.modules["vllm"] = None

@@ -22,6 +22,7 @@ from pipeline.rundir.files import METRICS, SAMPLES, read_metrics, write_atomic
 from pipeline.rundir.storage import rank_part
 from pipeline.seams.transformers_seams import tensorboard_writer
 from pipeline.seams.trl_seams import logged_samples
+from pipeline.training.vllm_engine import engine_sample
 from rewards.eos import is_terminated
 from rewards.trl_rewards import completion_text
 
@@ -190,41 +191,71 @@ class Evaluator(TrainerCallback):
         self.last: dict[str, float] = {}
         self.samples_path: Path | None = None  # rank 0: every answer with its scores (pipeline/rundir/eval_samples.py)
 
-    def _generate(self, model, items: list[int], device) -> list[tuple[list[int], float | None]]:
-        """(completion ids, mean per-token k3 KL to the initial policy) for the prompts ``items``, in chunks."""
-        chunk = max(1, self.cfg.generation_batch_size // self.cfg.distributed.num_workers)
-        initial = _initial_policy(model, self.trainer)
-        out_rows: list[tuple[list[int], float | None]] = []
-        for start in range(0, len(items), chunk):
-            enc = self.tokenizer.apply_chat_template(
-                [self.prompts[i] for i in items[start:start + chunk]], add_generation_prompt=True, tokenize=True,
-                padding=True, return_tensors="pt", return_dict=True,
-            )
-            enc = {k: v.to(device) for k, v in enc.items()}
+    def _encode(self, items: list[int]) -> dict:
+        """The prompts ``items`` as one left-padded batch (the chat template applied)."""
+        return self.tokenizer.apply_chat_template(
+            [self.prompts[i] for i in items], add_generation_prompt=True, tokenize=True,
+            padding=True, return_tensors="pt", return_dict=True,
+        )
+
+    def _cut(self, row: list[int]) -> list[int]:
+        """A completion up to and including its first EOS token."""
+        return row[:next((j + 1 for j, t in enumerate(row) if t in self.eos_ids), len(row))]
+
+    def _engine_samples(self, batches: list[dict], seed: int) -> list[list[tuple[list[int], float]]]:
+        """Each batch's completions from the run's vLLM engine, in one call (every rank makes it, with
+        prompts or not: it syncs the weights first), at the same budget and sampling settings as HF's."""
+        prompts = [ids[mask.bool()].tolist() for enc in batches for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+        g = self.cfg.generation
+        sampled = engine_sample(self.trainer, prompts, max_tokens=self.max_new_tokens, temperature=g.temperature,
+                                top_p=g.top_p, stop_token_ids=self.eos_ids, seed=seed)
+        out, at = [], 0
+        for enc in batches:
+            out.append(sampled[at:at + len(enc["input_ids"])])
+            at += len(enc["input_ids"])
+        return out
+
+    def _complete(self, model, enc: dict, sampled: list[tuple[list[int], float]] | None) -> list[tuple]:
+        """(completion ids, mean per-token k3 KL to the initial policy, and with the engine its log-probability
+        and the policy's of the same tokens) for one batch: sampled by HF generate, or taken from the engine."""
+        width = enc["input_ids"].shape[1]
+        if sampled is None:
             seqs = model.generate(
                 **enc, max_new_tokens=self.max_new_tokens, do_sample=True, temperature=self.cfg.generation.temperature,
                 top_p=self.cfg.generation.top_p, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.eos_ids,
             )
-            width = enc["input_ids"].shape[1]
-            rows = []
-            for row in seqs[:, width:].tolist():
-                cut = next((j + 1 for j, t in enumerate(row) if t in self.eos_ids), len(row))
-                rows.append(row[:cut])
-            kls: list[float | None] = [None] * len(rows)
-            if initial is not None and seqs.shape[1] > width:
-                mask = torch.zeros_like(seqs[:, width:])
-                for i, r in enumerate(rows):
-                    mask[i, : len(r)] = 1
-                attn = torch.cat([enc["attention_mask"], mask], dim=1)
-                temp = self.cfg.generation.temperature
-                now = _completion_logps(model, seqs, attn, width, temp)
-                with initial() as base:
-                    before = _completion_logps(base, seqs, attn, width, temp)
-                r = before - now
-                k3 = (torch.exp(r) - 1 - r) * mask
-                kls = (k3.sum(1) / mask.sum(1).clamp(min=1)).tolist()
-            out_rows.extend(zip(rows, kls))
-        return out_rows
+            rows = [self._cut(row) for row in seqs[:, width:].tolist()]
+            kls, _ = self._logprobs(model, enc, rows, policy=False)
+            return [(r, kl, None, None) for r, kl in zip(rows, kls)]
+        rows = [self._cut(ids) for ids, _ in sampled]
+        kls, policy = self._logprobs(model, enc, rows, policy=True)
+        return [(r, kl, engine, mine) for r, kl, (_, engine), mine in zip(rows, kls, sampled, policy)]
+
+    def _logprobs(self, model, enc: dict, rows: list[list[int]], policy: bool) -> tuple[list, list]:
+        """Per completion: the mean per-token k3 KL of the current policy to the initial one (None without
+        one), and if ``policy`` the current policy's log-probability of it (else None)."""
+        initial = _initial_policy(model, self.trainer)
+        longest = max((len(r) for r in rows), default=0)
+        if (initial is None and not policy) or not longest:
+            return [None] * len(rows), [None] * len(rows)
+        width = enc["input_ids"].shape[1]
+        ids = enc["input_ids"]
+        completions = torch.full((len(rows), longest), self.tokenizer.pad_token_id, dtype=ids.dtype, device=ids.device)
+        mask = torch.zeros_like(completions)
+        for i, r in enumerate(rows):
+            completions[i, : len(r)] = torch.tensor(r, dtype=ids.dtype)
+            mask[i, : len(r)] = 1
+        seqs, attn = torch.cat([ids, completions], dim=1), torch.cat([enc["attention_mask"], mask], dim=1)
+        temp = self.cfg.generation.temperature
+        now = _completion_logps(model, seqs, attn, width, temp)
+        mine = (now * mask).sum(1).tolist() if policy else [None] * len(rows)
+        if initial is None:
+            return [None] * len(rows), mine
+        with initial() as base:
+            before = _completion_logps(base, seqs, attn, width, temp)
+        r = before - now
+        k3 = (torch.exp(r) - 1 - r) * mask
+        return (k3.sum(1) / mask.sum(1).clamp(min=1)).tolist(), mine
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Every rank generates its share of the eval completions; all are gathered, scored and summed up."""
@@ -233,40 +264,48 @@ class Evaluator(TrainerCallback):
         items = [i for i in range(len(self.records)) for _ in range(k)]
         mine = list(range(acc.process_index, len(items), acc.num_processes))
         results = self._generate_share([items[j] for j in mine])
-        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in results]
-        gathered = acc.gather_for_metrics([(j, t, ids, kl) for j, t, (ids, kl) in zip(mine, texts, results)],
+        texts = [self.tokenizer.decode(result[0], skip_special_tokens=True) for result in results]
+        gathered = acc.gather_for_metrics([(j, t, *result) for j, t, result in zip(mine, texts, results)],
                                           use_gather_object=True)
         gathered = sorted(gathered, key=lambda x: x[0])
         self.last = self._metrics(step, items, gathered) if gathered else {}
         return self.last
 
-    def _generate_share(self, prompts: list[int]) -> list[tuple[list[int], float | None]]:
-        """This rank's completions (``_generate``), from the same seed at every evaluation."""
+    def _generate_share(self, prompts: list[int]) -> list[tuple]:
+        """This rank's completions (``_complete``), from the same seed at every evaluation: equal weights,
+        equal samples, with either engine."""
         from trl.models import unwrap_model_for_generation  # trl: loaded with the trainer
 
         tr = self.trainer
         acc = tr.accelerator
-        results: list[tuple[list[int], float | None]] = []
+        seed = self.cfg.optimization.seed + 1000 * acc.process_index
+        chunk = max(1, self.cfg.generation_batch_size // self.cfg.distributed.num_workers)
+        batches = [self._encode(prompts[s:s + chunk]) for s in range(0, len(prompts), chunk)]
+        # vLLM samples outside the unwrap context: its weight sync gathers ZeRO-3 shards by itself.
+        sampled = self._engine_samples(batches, seed) if self.cfg.generation.backend == "vllm" else [None] * len(batches)
+        results: list[tuple] = []
         devices = [acc.device] if acc.device.type == "cuda" else []
         # Every rank enters the unwrap context (ZeRO-3 gathers parameters collectively there).
         with unwrap_model_for_generation(tr.model_wrapped, acc) as model, torch.no_grad(), \
                 torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.cfg.optimization.seed + 1000 * acc.process_index)  # the same eval samples every time
-            if prompts:
+            torch.manual_seed(seed)  # the same eval samples every time
+            if batches:
                 was_training = model.training
                 model.eval()
-                results = self._generate(model, prompts, acc.device)
+                for enc, engine_rows in zip(batches, sampled):
+                    results += self._complete(model, {k: v.to(acc.device) for k, v in enc.items()}, engine_rows)
                 model.train(was_training)
         return results
 
     def _metrics(self, step: int, items: list[int], gathered: list[tuple]) -> dict[str, float]:
         """eval/* of all ranks' completions (``gathered``: index, text, ids, KL); rank 0 also writes them out."""
-        js, cands, ids, kls = (list(column) for column in zip(*gathered))
+        js, cands, ids, kls, engine_lps, policy_lps = (list(column) for column in zip(*gathered))
         recs = [self.records[items[j]] for j in js]
         scores = self._score(recs, cands, ids)
         ended = [is_terminated(x, self.eos_ids) for x in ids]
         if self.samples_path is not None:
-            rows = eval_samples.eval_rows(step, recs, cands, ended, scores, self.cfg.eval.score_weights)
+            rows = eval_samples.eval_rows(step, recs, cands, ended, scores, self.cfg.eval.score_weights,
+                                          engine_lps, policy_lps)
             eval_samples.write(self.samples_path, rows)
             to_tensorboard(self.trainer, step, rows)
         n = len(cands)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError, RunConfig, read_yaml, resume_changes, scaling_num_workers
+from pipeline.config import ConfigError, RunConfig, engine_problem, read_yaml, resume_changes, scaling_num_workers
 from pipeline.console.live import quiet_environment, ray_logging_config, watch
 from pipeline.data.sources import DataError, check_source
 from pipeline.errors import cli_error
@@ -255,7 +255,7 @@ def train_cli(cfg: RunConfig, args) -> int:
 
 def _train_cli(cfg: RunConfig, args, leases) -> int:
     run_dir = Path(args.run_dir).expanduser() if args.run_dir else default_run_dir(cfg)
-    problem = _name_run(cfg, args, run_dir)
+    problem = _name_run(cfg, args, run_dir) or engine_problem(cfg)
     if problem:
         return cli_error("train", problem)
     run_dir = run_dir.resolve()

@@ -114,6 +114,7 @@ class CompletionLengthControl(TrainerCallback):
         self.current = self.initial
         a = g.adaptive
         self.band = (a.band_low, a.band_high)
+        self.cfg, self.planner_ceiling = cfg, ceiling
         self.ceiling = a.ceiling or ceiling or 4 * a.start
         self.step_size = a.step
         # ``reference_floor`` (see ``reference_floor()``) raises the floor, and the start with it, up to the ceiling.
@@ -135,9 +136,7 @@ class CompletionLengthControl(TrainerCallback):
     @property
     def budget(self) -> int:
         """The most tokens this run ever generates: the adaptive ceiling, or the largest fixed/scheduled length."""
-        if self.adaptive:
-            return self.ceiling
-        return max([self.initial, *(length for _, length in self.schedule)])
+        return self.cfg.completion_budget(self.planner_ceiling)
 
     def bind(self, trainer) -> None:
         self.trainer = trainer

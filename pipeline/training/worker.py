@@ -34,10 +34,12 @@ from pipeline.scoring.clients import make_pool_reward_funcs
 from pipeline.training.callbacks import (Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks,
                                          truncate_jsonl)
 from pipeline.seams.transformers_seams import deepspeed_resume_from
+from pipeline.seams.trl_seams import keep_vllm_unloaded
 from pipeline.training.elastic import record_world_size, reshard_for_group, resized
 from pipeline.training.events import RunEvents, quiet_worker
 from pipeline.training.health import HealthCallback
 from pipeline.training.length_control import CompletionLengthControl, reference_floor
+from pipeline.training.vllm_engine import engine_context_length, reserve_cpu_kv_cache
 from pipeline.training.worker_args import WorkerArgs
 from rewards.judge import SelfJudge
 
@@ -85,7 +87,7 @@ def deepspeed_config(cfg: RunConfig, load_universal: bool = False) -> dict[str, 
 
 
 def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: bool, reward_weights: list[float],
-                      load_universal: bool = False):
+                      load_universal: bool = False, length_ceiling: int | None = None):
     from trl import GRPOConfig  # trl (and datasets, pyarrow): loaded when a trainer is built
 
     o, g, gr, lg = cfg.optimization, cfg.generation, cfg.grpo, cfg.logging
@@ -124,6 +126,8 @@ def build_grpo_config(cfg: RunConfig, run_dir: Path, on_gpu: bool, is_rank0: boo
         use_vllm=g.backend == "vllm",
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        vllm_enable_sleep_mode=g.vllm_sleep_mode and on_gpu,
+        vllm_max_model_length=engine_context_length(cfg, length_ceiling),
         beta=gr.beta,
         epsilon=gr.epsilon,
         epsilon_high=gr.epsilon_high,
@@ -192,11 +196,13 @@ def load_policy(cfg: RunConfig, on_gpu: bool, tokenizer=None):
 
 
 def build_grpo_trainer(cfg: RunConfig, run_dir: Path, tokenizer, model, train_recs: list[dict], funcs, weights,
-                       callbacks, on_gpu: bool = False, is_rank0: bool = True, load_universal: bool = False):
+                       callbacks, on_gpu: bool = False, is_rank0: bool = True, load_universal: bool = False,
+                       length_ceiling: int | None = None):
     """TRL's GRPOTrainer for this config: the one construction shared by Ray workers and benchmarks."""
     from datasets import Dataset  # datasets, trl: loaded when a trainer is built
     from trl import GRPOTrainer
 
+    reserve_cpu_kv_cache(cfg, model, on_gpu, length_ceiling)  # before TRL starts the colocated vLLM engine
     trainer_class, extra = GRPOTrainer, {}
     if cfg.grpo.dynamic_sampling.enabled:  # DAPO dynamic sampling: a GRPOTrainer subclass
         from pipeline.training.dynamic_sampling import DynamicSamplingGRPOTrainer  # subclasses trl's trainer
@@ -205,7 +211,7 @@ def build_grpo_trainer(cfg: RunConfig, run_dir: Path, tokenizer, model, train_re
     return trainer_class(
         model=model,
         reward_funcs=funcs,
-        args=build_grpo_config(cfg, run_dir, on_gpu, is_rank0, weights, load_universal),
+        args=build_grpo_config(cfg, run_dir, on_gpu, is_rank0, weights, load_universal, length_ceiling),
         train_dataset=Dataset.from_list(to_trl_rows(train_recs, cfg.data.system_prompt)),
         processing_class=tokenizer,
         peft_config=lora_config(cfg),
@@ -299,6 +305,8 @@ def train_loop_per_worker(config: dict) -> None:
     """The Ray Train loop, in timed phases (metric_names.WORKER_PHASES), each handing ``WorkerRun`` to the next.
     ``train_loop_config`` is Ray Train's dict around the ``WorkerArgs`` (worker_args.py says why)."""
     args = WorkerArgs.of(config)
+    if args.cfg.generation.backend != "vllm":
+        keep_vllm_unloaded()  # before TRL is imported: it would import vLLM, unused here
     timings: dict[str, float] = {}
     run = timed(timings, "setup", set_up, args)
     if run is None:  # a cause no retry fixes is in the fatal-error file
@@ -416,7 +424,7 @@ def build_trainer(run: WorkerRun) -> None:
     parts, r = run.parts, run.resume
     trainer = build_grpo_trainer(run.cfg, run.run_dir, run.tokenizer, run.model, run.train_recs, parts.funcs,
                                  parts.weights, parts.callbacks, run.on_gpu, run.is_rank0,
-                                 load_universal=r.universal is not None)
+                                 load_universal=r.universal is not None, length_ceiling=run.args.length_ceiling)
     quiet_worker(trainer, run.cfg.logging.console)
     parts.length_ctl.bind(trainer)
     parts.samples.trainer = parts.evaluator.trainer = parts.reporter.trainer = trainer

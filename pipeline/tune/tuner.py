@@ -28,7 +28,8 @@ from typing import Any, Sequence
 import ray
 import yaml
 
-from pipeline.config import ConfigError, RunConfig, config_from_dict, get_path, read_yaml, worker_range
+from pipeline.config import (ConfigError, RunConfig, config_from_dict, engine_problem, get_path, read_yaml,
+                             worker_range)
 from pipeline.console.live import quiet_environment
 from pipeline.console.trials import TrialBoard, tune_console_callback
 from pipeline.data.sources import DataError, check_source
@@ -470,7 +471,8 @@ def _tune_cli(cfg: RunConfig, args, leases) -> int:
     except SpaceError as e:
         return cli_error("tune", f"invalid search space {args.space}", e.problems)
     name, exp_dir = experiment_dir(cfg, getattr(args, "name", None))
-    problem = name_problem(name, "--name" if getattr(args, "name", None) else "--name (by default <output.run_name>-tune)")
+    problem = name_problem(name, "--name" if getattr(args, "name", None) else "--name (by default <output.run_name>-tune)") \
+        or engine_problem(cfg)
     if problem:
         return cli_error("tune", problem)
     try:  # storage that cannot be written ends here, before Ray or any model starts
