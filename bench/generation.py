@@ -15,7 +15,8 @@
   engine's first generation); startup_s is the worker's ``timing_s/build_trainer``, where TRL starts
   the colocated vLLM engine.
 
-vLLM's CPU build sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB): set to 1 here unless set.
+vLLM's CPU build sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB): the standalone engine gets 1
+unless it is set; the training runs size their own (pipeline/training/vllm_engine.py).
 
     python -m bench.generation [--steps 8] [--repeats 16] [--max-new-tokens 32] [--batch 8 [64 ...]] [--only generation|steps] [--json]
 """
@@ -106,13 +107,18 @@ def generate_hf(cfg, by_size: dict[int, list], budget: int, threads: int) -> dic
 
 
 def generate_vllm(cfg, policy: str, by_size: dict[int, list], budget: int, threads: int, eos_ids: list[int]) -> dict:
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")
     from vllm import LLM, SamplingParams  # vLLM: only this part of the bench needs it
 
+    from pipeline.training.vllm_engine import CPU_KV_CACHE_ENV, engine_context_length  # lazy: imports trl
+
     g = cfg.generation
+    own_env = {k: v for k, v in ((CPU_KV_CACHE_ENV, "1"), ("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}"))
+               if k not in os.environ}  # set for this engine only: the training runs size their own
+    os.environ.update(own_env)
     t0 = time.perf_counter()
-    # the engine TRL's colocate mode builds, less its distributed launcher: fp32 as the run, 4096 batched tokens
-    llm = LLM(model=policy, dtype="float32", seed=cfg.optimization.seed, max_num_batched_tokens=4096)
+    # the engine TRL's colocate mode builds (less its distributed launcher) with the pipeline's context length
+    llm = LLM(model=policy, dtype="float32", seed=cfg.optimization.seed, max_num_batched_tokens=4096,
+              max_model_len=engine_context_length(cfg))
     startup = time.perf_counter() - t0
     eos = set(eos_ids)
     params = SamplingParams(n=1, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k or 0,
@@ -124,6 +130,8 @@ def generate_vllm(cfg, policy: str, by_size: dict[int, list], budget: int, threa
 
     result = {**timed_sizes(generate, by_size), "startup_s": round(startup, 3)}
     del llm
+    for k in own_env:
+        os.environ.pop(k)
     return result
 
 
@@ -232,7 +240,6 @@ def main() -> int:
     ap.add_argument("--only", choices=("generation", "steps"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM logs to stdout: keep --json clean
     gen = generation_alone(args.max_new_tokens, args.repeats, args.threads, args.seed, args.batch) if args.only != "steps" else None
     steps = whole_steps(args.steps, args.max_new_tokens, args.seed) if args.only != "generation" else None
