@@ -5,9 +5,13 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import sys
 from pathlib import Path
 
+import pytest
+
 import bench.common
+import bench.generation as gen
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name not in ("__init__.py", "common.py"))
@@ -30,3 +34,18 @@ def test_common_sets_the_offline_environment(monkeypatch):
     importlib.reload(bench.common)
     assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["TOKENIZERS_PARALLELISM"] == "false"
     assert bench.common.REPO == BENCH.parent
+
+
+def test_generation_bench_help_needs_no_engine_and_its_ratios_are_vllm_over_hf(monkeypatch, capsys):
+    """bench.generation loads vLLM and Ray only to measure: ``--help`` works without them (CI starts no vLLM)."""
+    monkeypatch.setattr(sys, "argv", ["bench.generation", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        gen.main()
+    assert exit_.value.code == 0
+    assert "--max-new-tokens" in capsys.readouterr().out
+    assert gen.generated_length([5, 7, 2, 9], {2}) == 3 and gen.generated_length([5, 7], {2}) == 2
+    timed = {"hf": {"tokens_per_s": 100.0, "startup_s": 1.0}, "vllm": {"tokens_per_s": 250.0, "startup_s": 40.0}}
+    steps = {"hf": {"sec_per_step": 2.0, "startup_s": 3.0}, "vllm": {"sec_per_step": 1.0, "startup_s": 48.0}}
+    ratios = gen.summarize(timed, steps)["vllm_over_hf"]
+    assert ratios["tokens_per_s"] == 2.5 and ratios["sec_per_step"] == 0.5 and ratios["startup_s"] == 16.0
+    assert gen.summarize(timed, None)["vllm_over_hf"]["sec_per_step"] is None
