@@ -9,9 +9,9 @@
 # Every 2 s the watcher connects to the head's GCS port. When the head's machine answers but nothing
 # listens there (connection refused: its Ray stopped) twice in a row, or this node's raylet has exited
 # (lost its head, or `ray stop` here), it ends the processes of the Ray session it was started for (SIGTERM,
-# SIGKILL after 10 s) and exits. Those are the processes of this user whose stdout or stderr goes to the
-# session's folder (Ray points every process it starts there; the agents rename themselves, so their command
-# lines do not say). A head that does not answer at all (network down) is left to Ray's own timeout, and a
+# SIGKILL after 10 s) and exits. Those are the processes of this user whose command line or open files name
+# the session's folder (the agents rename themselves, so their command lines do not say; their log files
+# there are open; the log monitor's command line names it). A head that does not answer at all (network down) is left to Ray's own timeout, and a
 # newer session on this node (the start commands run again) is never touched.
 set -uo pipefail
 head="${1:?usage: stop_with_head.sh HEAD_IP [GCS_PORT]}"
@@ -34,9 +34,9 @@ setsid nohup bash -c '
   done
   of_session() {
     for p in $(pgrep -u "$(id -u)"); do
-      case "$(readlink -f /proc/$p/fd/1 2>/dev/null) $(readlink -f /proc/$p/fd/2 2>/dev/null)" in
-        *"$session/"*) echo "$p" ;;
-      esac
+      cmd="$(tr "\0" " " < "/proc/$p/cmdline" 2>/dev/null)"
+      case "$cmd" in *synth-grpo-stop-with-head*) continue ;; esac  # this watcher and its subshells
+      if [[ "$cmd" == *"$session"* ]] || ls -l "/proc/$p/fd" 2>/dev/null | grep -qF -- "$session"; then echo "$p"; fi
     done
   }
   pids="$(of_session)"; [ -n "$pids" ] && kill -TERM $pids 2>/dev/null
