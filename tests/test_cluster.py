@@ -55,7 +55,8 @@ BROKEN = {
     "misspelled top-level key": ("file_mounts:", "file_mount:"),
     "worker_ips not a list": ("worker_ips: [192.168.1.11]", "worker_ips: 192.168.1.11"),
     "misspelled ssh user": ("ssh_user:", "ssh_usr:"),
-    "start commands not a list": ("worker_start_ray_commands:\n  - ray stop\n  - >-", "worker_start_ray_commands: >-"),
+    "start commands not a list": ("worker_start_ray_commands:\n  - ray stop\n",
+                                  "worker_start_ray_commands: ray stop\nworker_setup_commands:\n"),
     "no head_ip": ("  head_ip:", "  # head_ip:"),
 }
 
@@ -85,9 +86,11 @@ def test_cluster_yaml_secure_settings():
     for cmd in (head, worker):
         assert re.search(r"(^|[\s;])RAY_AUTH_MODE=token\s", cmd), cmd  # fails closed: no token, no start
         assert "--num-gpus" not in cmd, cmd  # Ray counts each node's GPUs; a CPU node must not advertise any
-        assert "${RAY_CLOUD_INSTANCE_ID:+--node-ip-address=$RAY_CLOUD_INSTANCE_ID}" in cmd  # the provider's IP
+        assert "${node_ip:+--node-ip-address=$node_ip}" in cmd  # the address cluster.yaml gives (next test)
         assert "--metrics-export-port=" in cmd
     assert "--dashboard-host=127.0.0.1" in head
+    assert re.search(r"(^|\s)RAY_enable_autoscaler_v2=0\s", head), head  # v2 never launches local-provider workers
+    assert config["worker_start_ray_commands"][-1].startswith("~/synth-grpo/scripts/stop_with_head.sh $RAY_HEAD_IP")
     assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
     setup = "\n".join(config["setup_commands"])
     assert "chmod 600 ~/.ray/auth_token" in setup and "export RAY_AUTH_MODE=token" in setup
@@ -150,6 +153,21 @@ def test_file_limit_raised_only_where_allowed():
         if hard == "unlimited" or int(hard) >= 65536:
             ok = subprocess.run(["bash", "-c", f"{prefix} ulimit -Sn"], capture_output=True, text=True, timeout=10)
             assert ok.stdout.strip() == "65536" and "WARNING" not in ok.stdout, ok
+
+
+@pytest.mark.parametrize("env, flag", [
+    ({"RAY_CLOUD_INSTANCE_ID": "10.0.0.5", "SSH_CONNECTION": "10.0.0.9 51000 10.0.0.7 22"}, "--node-ip-address=10.0.0.5"),
+    ({"SSH_CONNECTION": "10.0.0.9 51000 10.0.0.7 22"}, "--node-ip-address=10.0.0.7"),  # autoscaler v1's workers
+    ({}, ""),  # by hand, not over SSH: Ray picks
+], ids=["head (ray up sets the id)", "worker (the address SSH reached)", "neither"])
+def test_start_commands_register_the_node_under_its_configured_address(env, flag):
+    config = yaml.safe_load(CLUSTER_YAML.read_text())
+    for kind in ("head", "worker"):
+        (cmd,) = _start_commands(config, kind)
+        (assign,) = re.findall(r'node_ip="[^;]*";', cmd)
+        out = subprocess.run(["bash", "-c", f"{assign} echo ${{node_ip:+--node-ip-address=$node_ip}}"],
+                             env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=10)
+        assert out.stdout.strip() == flag, (kind, out)
 
 
 def test_cluster_yaml_mounts_what_setup_needs():
