@@ -28,6 +28,13 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # run a test starts, in this process or a subprocess, inherits the shorter interval; production keeps Ray's.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
+# This process builds HF-backend trainers only (vLLM runs in subprocesses and Ray workers): TRL would import
+# vLLM with GRPOTrainer (seconds), and vLLM's logger keeps the stream it found, pytest's capture of one test,
+# which is closed after it ("lost sys.stderr": the whole session died).
+from pipeline.seams.trl_seams import keep_vllm_unloaded  # noqa: E402
+
+keep_vllm_unloaded()
+
 # Throwaway AWS credentials, unique to this session, planted before any Ray starts (every Ray worker and
 # CLI subprocess inherits them): moto accepts any, the AWS SDK signs every request with them, and the
 # storage tests assert that none of them reaches a bucket or a run folder. A real key in the developer's

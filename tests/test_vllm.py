@@ -7,7 +7,7 @@ each engine starts in ~45 s on 2 cores."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.machinery
 import json
 import os
 import subprocess
@@ -23,7 +23,9 @@ from pipeline.training.vllm_engine import CPU_KV_CACHE_ENV, cpu_kv_cache_gib, re
 
 REPO = Path(__file__).resolve().parents[1]
 NO_VLLM = "vLLM is not installed (./scripts/setup.sh test installs its CPU build on a machine without a GPU)"
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
+# Installed, asked of the file system: conftest keeps vLLM unloaded in this process (None in sys.modules).
+VLLM_INSTALLED = importlib.machinery.PathFinder.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not VLLM_INSTALLED, reason=NO_VLLM)
 
 
 # ---------------------------------------------------------------- before any engine starts
@@ -90,7 +92,7 @@ def test_an_hf_worker_does_not_load_vllm_with_trl():
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory, request):
     """(one-worker run directory, its CLI process, two-worker run directory)."""
-    if importlib.util.find_spec("vllm") is None:
+    if not VLLM_INSTALLED:
         pytest.skip(NO_VLLM)
     root = tmp_path_factory.mktemp("vllm")
     # One worker through the CLI: the adaptive cap starts at 4 and the reference floor lifts it to 33;
