@@ -7,6 +7,7 @@ storage, benchmarks). Import-light (no torch, no Ray), so workers and the CLI ca
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import re
 import time
@@ -55,17 +56,25 @@ def write_atomic(path: Path, data: str | bytes) -> Path:
     leaves the previous file (or none), never half of one, and a symlink at ``path`` is replaced, not
     followed. For files written whole; the JSONL logs are appended to instead."""
     path = Path(path)
+    with replaced_atomically(path) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return path
+
+
+@contextlib.contextmanager
+def replaced_atomically(path: Path):
+    """A binary file to write ``path``'s new content into: a temporary file beside it, synced and renamed
+    over ``path`` when the block ends, removed if it raises (``write_atomic``, ``storage.copy_atomic``)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int]]:

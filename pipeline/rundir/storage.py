@@ -18,7 +18,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from pipeline.rundir.files import (CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES,
+from pipeline.rundir.files import (replaced_atomically, CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES,
                                 run_name_problem, write_atomic)
 
 
@@ -105,16 +105,8 @@ def copy_atomic(src: Path, dest: Path) -> None:
     """``src`` copied to ``dest`` through a temporary file beside it and a rename (``files.write_atomic``
     for a file too large to hold in memory, such as a full model's shard): a reader of a shared disk,
     or a crash mid-copy, never finds half of it."""
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(src, "rb") as f, open(tmp, "wb") as out:
-            shutil.copyfileobj(f, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with open(src, "rb") as f, replaced_atomically(dest) as out:
+        shutil.copyfileobj(f, out, 1 << 20)
 
 
 def _is_local(fs) -> bool:
