@@ -18,8 +18,8 @@ import threading
 import uuid
 from pathlib import Path
 
-from pipeline.rundir.files import (replaced_atomically, CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES,
-                                run_name_problem, write_atomic)
+from pipeline.rundir.files import (CONFIG, DRIVER_FILES, METRICS, RAY_TRAIN_DIR, SUMMARY, WORKER_DIRS, WORKER_FILES,
+                                   replaced_atomically, run_name_problem, write_atomic)
 
 
 class StorageError(ValueError):
