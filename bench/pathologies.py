@@ -100,22 +100,28 @@ def summarize_run(rows: list[dict], config, seconds: float) -> dict:
     }
 
 
-def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval_samples: int,
-            eval_every: int | None = None) -> dict:
-
-    cfg = load_config(RUNS[name], [
-        f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
-        f"output.run_name={name}-{seed}", "output.save_steps=100000", "logging.progress_bar=false",
+def train_run(config: Path, overrides: list[str], run_name: str, root: Path, steps: int, seed: int,
+              eval_budget: int, eval_samples: int, eval_every: int | None = None):
+    """Train one arm on the benchmark's task and evaluation; (config, metrics rows, training seconds)."""
+    cfg = load_config(config, [
+        *overrides, f"optimization.max_steps={steps}", f"optimization.seed={seed}", f"output.root={root}",
+        f"output.run_name={run_name}", "output.save_steps=100000", "logging.progress_bar=false",
         f"eval.every_steps={eval_every or max(5, steps // 6)}", f"eval.max_new_tokens={eval_budget}", "eval.num_prompts=48",
         f"eval.samples_per_prompt={eval_samples}", *TASK,
     ])
-    run_dir = root / f"{name}-{seed}"
+    run_dir = root / run_name
     prepare_run_dir(cfg, run_dir, log=None)
     t0 = time.perf_counter()
     run_training(cfg, run_dir, log=None)
     rows = read_metrics(run_dir / METRICS)
     final = next((r for r in reversed(rows) if "train_runtime" in r), None)
-    seconds = final["train_runtime"] if final else time.perf_counter() - t0
+    return cfg, rows, final["train_runtime"] if final else time.perf_counter() - t0
+
+
+def run_one(name: str, steps: int, root: Path, seed: int, eval_budget: int, eval_samples: int,
+            eval_every: int | None = None) -> dict:
+    cfg, rows, seconds = train_run(RUNS[name], [], f"{name}-{seed}", root, steps, seed, eval_budget, eval_samples,
+                                   eval_every)
     return summarize_run(rows, cfg, seconds)
 
 
