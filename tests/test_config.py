@@ -66,6 +66,30 @@ def test_overrides_parse_types():
     assert cfg.grpo.mask_truncated_completions is True
 
 
+
+def test_one_key_of_a_weights_mapping_changes_that_key_of_the_effective_weights():
+    """`--set rewards.weights.judge=0.8` on a file that does not set the mapping keeps the other default weights
+    (it used to replace the mapping with {judge: 0.8}: ROUGE-L, length and EOS silently weighted 0)."""
+    assert load_config(None, ["rewards.weights.judge=0.8"]).rewards.weights == {
+        "rouge_l": 0.3, "length": 0.2, "judge": 0.8, "eos": 1.0}
+    baseline = REPO / "configs" / "seed-baseline.yaml"  # sets the mapping: its own weights are the ones changed
+    assert load_config(baseline, ["rewards.weights.eos=0.5"]).rewards.weights == {
+        "rouge_l": 0.3, "length": 0.2, "judge": 0.5, "eos": 0.5}
+    assert load_config(None, ["rewards.weights={judge: 1.0}"]).rewards.weights == {"judge": 1.0}  # a whole mapping replaces
+    assert load_config(None, ["eval.score_weights.judge=0.6"]).eval.score_weights["rouge_l"] == 0.4
+
+
+def test_a_tune_trial_keeps_the_default_weight_of_a_fixed_component():
+    """The default space draws rouge_l, length and judge and keeps eos "at the config's weight": on the default
+    config, which leaves the weights at their defaults, that is 1.0 (it was 0: every trial trained without EOS reward)."""
+    from pipeline.config import read_yaml
+    from pipeline.tune.search_space import load_space
+
+    space = load_space(REPO / "tune_spaces" / "default.yaml")
+    params = {d.key: d.corners()[0] for d in space.params} | {s.param(c): 0.5 for s in space.simplexes for c in s.drawn}
+    weights = space.trial_config(read_yaml(REPO / "configs" / "tiny.yaml"), params).rewards.weights
+    assert weights["eos"] == 1.0 and sum(weights[c] for c in ("rouge_l", "length", "judge")) == pytest.approx(1.0)
+
 INVALID = [
     ("optimization.learning_rate=0", "optimization.learning_rate"),
     ("optimization.learning_rate=-1e-5", "optimization.learning_rate"),

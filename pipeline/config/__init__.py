@@ -27,7 +27,7 @@ from pipeline.config.schema import (ATTN_IMPLEMENTATIONS, CONSOLE_MODES, DATA_SO
                                     DataSection, DistributedSection, DynamicSamplingSection, EvalSection,
                                     GenerationSection, GRPOSection, JudgeSection, LoggingSection, LoraSection,
                                     ModelSection, OptimizationSection, OutputSection, RewardsSection, RunConfig,
-                                    field_values, scheduled_length)
+                                    field_values, mapping_default, scheduled_length)
 from pipeline.config.yaml_io import CONFIG_MAX_BYTES, CONFIG_MAX_DEPTH, read_yaml
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
     "EvalSection", "GenerationSection", "GRPOSection", "JudgeSection", "LoggingSection", "LoraSection", "ModelSection",
     "OptimizationSection", "OutputSection", "RewardsSection", "RunConfig", "accumulation_for", "apply_overrides", "build",
     "config_from_dict", "did_you_mean", "divides_into_groups", "engine_problem", "field_values", "for_world_size", "get_path",
-    "load_config", "model_reference_problem", "on_disk", "read_yaml", "resolve_path", "resume_changes",
+    "load_config", "mapping_default", "model_reference_problem", "on_disk", "read_yaml", "resolve_path", "resume_changes",
     "samples_per_step", "scaling_num_workers", "scheduled_length", "set_path", "validate", "worker_count_problems",
     "worker_range", "yaml_number",
 ]

@@ -13,7 +13,7 @@ import yaml
 from pipeline.config.build import build
 from pipeline.config.checks import on_disk, resolve_path, validate
 from pipeline.config.messages import ConfigError
-from pipeline.config.schema import DEFAULT_CONFIG, RunConfig
+from pipeline.config.schema import DEFAULT_CONFIG, RunConfig, mapping_default
 from pipeline.config.yaml_io import NoAliasLoader, read_yaml
 
 
@@ -74,6 +74,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], problems: list[s
         if len(keys) < 2 or not all(keys):
             problems.append(f"--set {item!r}: expected group.key=value (for example optimization.learning_rate=1e-5)")
             continue
+        for i in range(2, len(keys)):  # one key of a mapping field the file does not set: into its default
+            prefix = ".".join(keys[:i])
+            if get_path(data, prefix) is None and (default := mapping_default(prefix)) is not None:
+                set_path(data, prefix, default)
         not_group = set_path(data, path.strip(), _parse_scalar(raw))
         if not_group:
             problems.append(f"--set {path}: '{not_group}' is not a group")

@@ -354,6 +354,18 @@ def scheduled_length(schedule: list[list[int]], step: int, initial: int) -> int:
     return next((value for at, value in reversed(schedule) if step >= at), initial)
 
 
+def mapping_default(dotted: str) -> dict[str, Any] | None:
+    """A copy of the default of a mapping field (``rewards.weights``), None for any other path. A ``--set`` of one
+    key of such a mapping changes that key of the default, as a reader of the default expects, not the whole."""
+    cls: type | None = RunConfig
+    *sections, name = dotted.split(".")
+    for part in sections:
+        cls = section_type(cls, part) if cls else None
+    f = next((f for f in dataclasses.fields(cls) if f.name == name), None) if cls else None
+    default = f.default_factory() if f is not None and f.default_factory is not dataclasses.MISSING else None
+    return dict(default) if isinstance(default, dict) else None
+
+
 def field_values(obj: Any, prefix: str = "") -> dict[str, Any]:
     """Every leaf field of a config by its dotted name (as --set and error messages spell it)."""
     out: dict[str, Any] = {}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from pipeline.config import (REWARD_COMPONENTS, ConfigError, RunConfig, config_from_dict, did_you_mean, divides_into_groups,
-                             get_path, read_yaml, set_path, yaml_number)
+                             get_path, mapping_default, read_yaml, set_path, yaml_number)
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "randint")
 SIMPLEX = "simplex"
@@ -124,7 +124,8 @@ class SearchSpace:
         for d in self.params:
             set_path(data, d.key, _plain(params[d.key]) if d.key in params else d.args[0])
         for s in self.simplexes:
-            set_path(data, s.key, s.weights(params, dict(get_path(data, s.key) or {})))
+            current = get_path(data, s.key)  # a mapping the base config does not set: its default, not {}
+            set_path(data, s.key, s.weights(params, dict(current if isinstance(current, dict) else mapping_default(s.key) or {})))
         fit_batch_to_groups(data)
         return config_from_dict(data)
 
