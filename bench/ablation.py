@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bench.common import REPO, init_local_ray, machine, print_json
 from bench.pathologies import RUNS, train_run
+from pipeline.config import ConfigError
 from pipeline.rundir.files import write_atomic
 
 
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     names = with_references(args.arms)
     try:
         runs = train_missing(names, args.seeds, folder, train=not args.report_only)
-    except ResultsError as e:
+    except (ResultsError, ConfigError) as e:  # a kept run of other settings; an arm a changed config refuses
         print(f"error: {e}", file=sys.stderr)
         return 2
     result = report(runs, names, ARMS, settings, figure=args.figure)

@@ -36,6 +36,10 @@ class RuleSettings:
     clipped_ratio: float = 0.95  # never_stops: mean completions/clipped_ratio at or above
     entropy_fraction: float = 0.3  # entropy_collapse: below this share of the early entropy
     early_steps: int = 10  # entropy values averaged for "early"
+    entropy_rise: float = 2.0  # entropy_blowup: at or above this multiple of the early entropy ...
+    entropy_rise_nats: float = 1.0  # ... and at least this much above it
+    length_growth: float = 2.0  # length_overshoot: mean completion length at or above this multiple of the early one ...
+    overshoot_clipped: float = 0.2  # ... while at least this share is cut (below never_stops' share)
     clip_zero: float = 1e-6  # no_effective_update: clip_ratio/region_mean at or below ...
     reward_std_min: float = 0.01  # ... while reward_std is below this
     zero_std_fraction: float = 0.5  # zero_variance_groups: mean frac_reward_zero_std above
@@ -131,6 +135,12 @@ def _lower_lr(cfg: Mapping[str, Any] | None) -> float:
     return 5e-6 if lr is None or lr > 5e-6 else float(f"{lr / 2:.1g}")
 
 
+def _halved_lr(cfg: Mapping[str, Any] | None) -> float:
+    """Half the run's learning rate: an overshoot at the peak is the policy's step size, not the 8B's 5e-6 default."""
+    lr = yaml_number(get_path(cfg, "optimization.learning_rate"))
+    return float(f"{lr / 2:.2g}") if lr and lr > 0 else _lower_lr(cfg)
+
+
 def _planned_rows(cfg: Mapping[str, Any] | None, s: RuleSettings | None = None) -> int | None:
     """Logged steps the run will have: optimization.max_steps / logging.logging_steps, else the settings' planned_rows."""
     steps, every = get_path(cfg, "optimization.max_steps"), get_path(cfg, "logging.logging_steps", 1)
@@ -207,6 +217,74 @@ def entropy_collapse(h: History, end: int, s: RuleSettings, cfg: Mapping[str, An
                 "; it acts only with grpo.num_iterations >= 2 or a larger generation.steps_per_generation: here "
                 f"{_rollout_ratio_one(cfg)}" if _rollout_ratio_one(cfg) else "")),
             _advice(cfg, "optimization.learning_rate", _lower_lr(cfg), "a lower peak LR slows the collapse"),
+        ],
+    )
+
+
+def _rise(h: History, key: str, end: int, s: RuleSettings) -> tuple[float, float, int, int] | None:
+    """(early mean, mean over the last window, early rows, window start) of ``key``; None until both exist."""
+    k = h.first_index_with(key, s.early_steps)
+    if k is None or k >= end:
+        return None
+    w = s.window(end)
+    a = max(k, end - w)
+    early, cur = h.mean(key, 0, k), h.mean(key, a, end, min_count=max(2, min(w, end - a) // 2))
+    return None if cur is None or not early or early <= 0 else (early, cur, k, a)
+
+
+def entropy_blowup(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
+    r = _rise(h, "entropy", end, s)
+    if r is None or r[1] < s.entropy_rise * r[0] or r[1] - r[0] < s.entropy_rise_nats:
+        return None
+    early, cur, k, a = r
+    ev = {"early_entropy": _r(early), "early_steps": _span(h, 0, k), "entropy": _r(cur), "steps": _span(h, a, end),
+          "ratio": _r(cur / early, 3), "entropy_coef": _r(h.mean("entropy_coef", a, end), 5), "threshold_ratio": s.entropy_rise}
+    coef = ev["entropy_coef"]
+    return Finding(
+        "entropy_blowup", h.steps[end - 1],
+        f"entropy rose from {early:.2f} (steps {ev['early_steps'][0]}-{ev['early_steps'][1]}) to {cur:.2f} "
+        f"(steps {ev['steps'][0]}-{ev['steps'][1]}), {cur / early:.1f}x its early value"
+        + (f", with an entropy bonus of {coef:g}" if coef else ""),
+        ev,
+        "the policy drifts toward random tokens: answers lose coherence, every reward component falls, and long "
+        "rambling completions run into the cap; an entropy bonus or clip-higher that pushes entropy up, or a step size "
+        "too large for the policy, drives it",
+        [
+            _advice(cfg, "optimization.learning_rate", _halved_lr(cfg), "a smaller step size"),
+            _advice(cfg, "grpo.entropy_coef", 0.0, "no fixed entropy bonus; the adaptive controller adds one only "
+                    "below grpo.entropy_target"),
+            _advice(cfg, "grpo.entropy_target", round(0.5 * early, 2), f"below the early entropy ({early:.2f}), so the "
+                    "controller's bonus stays off while entropy is high"),
+            _advice(cfg, "grpo.epsilon_high", 0.2, "symmetric clipping: clip-higher lets unlikely tokens gain probability"),
+        ],
+    )
+
+
+def length_overshoot(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
+    r = _rise(h, "completions/mean_length", end, s)
+    if r is None or r[1] < s.length_growth * r[0]:
+        return None
+    early, cur, k, a = r
+    clip = h.mean("completions/clipped_ratio", a, end)
+    if clip is None or not s.overshoot_clipped <= clip < s.clipped_ratio:  # all cut: never_stops says it
+        return None
+    ev = {"early_mean_length": _r(early, 1), "early_steps": _span(h, 0, k), "mean_length": _r(cur, 1),
+          "steps": _span(h, a, end), "clipped_ratio_mean": _r(clip), "entropy": [_r(h.mean("entropy", 0, k)),
+          _r(h.mean("entropy", a, end))], "cap": _r(h.mean(CAP_METRIC, a, end), 1), "threshold_growth": s.length_growth}
+    return Finding(
+        "length_overshoot", h.steps[end - 1],
+        f"completions grew from {early:.1f} tokens (steps {ev['early_steps'][0]}-{ev['early_steps'][1]}) to {cur:.1f} "
+        f"(steps {ev['steps'][0]}-{ev['steps'][1]}) and {100 * clip:.0f}% are cut",
+        ev,
+        "the answers run on past what they need: the length and judge rewards still pay for more words, the cap (if "
+        "adaptive) follows them up, per-token entropy rises with the length, and the held-out score falls while it lasts "
+        "(the tiny policy at its peak learning rate: docs/ablation.md)",
+        [
+            _advice(cfg, "optimization.learning_rate", _halved_lr(cfg), "the overshoot comes at the peak learning rate"),
+            _advice(cfg, "optimization.warmup_ratio", 0.2, "a longer warmup reaches the peak more slowly"),
+            _advice(cfg, "rewards.weights.eos", 1.0, "reward ending with EOS, so stopping competes with more words"),
+            _advice(cfg, "rewards.overlong_weight", 0.1, "DAPO's soft penalty over the last rewards.overlong_buffer tokens "
+                    "before the cap"),
         ],
     )
 
@@ -445,7 +523,7 @@ def judge_rouge_divergence(h: History, end: int, s: RuleSettings, cfg: Mapping[s
 # Each rule by its function's name, the name its findings carry.
 RULES: dict[str, Rule] = {rule.__name__: rule for rule in (
     never_stops, entropy_collapse, no_effective_update, zero_variance_groups, length_schedule_ignored, reward_plateau,
-    judge_rouge_divergence)}
+    judge_rouge_divergence, entropy_blowup, length_overshoot)}
 
 
 def config_dict(config: Any) -> Mapping[str, Any] | None:
