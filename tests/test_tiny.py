@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -44,3 +45,26 @@ def test_tiny_policy_loads_and_sometimes_stops(tiny_policy):
     assert 0 < stopped  # it does end with EOS at times
     text = tok.decode(completions[0], skip_special_tokens=True)
     assert any(c.isalpha() for c in text)
+
+
+class _Saves:
+    """Writes what save_pretrained would, so the folder logic runs on real files without a model build."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def save_pretrained(self, folder, **_):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / self.name).write_text("{}")
+
+
+def test_a_cache_folder_without_a_model_is_replaced_not_returned(tmp_path):
+    from pipeline.data.tiny_models import _save_atomic
+
+    target = tmp_path / "policy"
+    (target / "leftover").mkdir(parents=True)  # a half-deleted cache: files, no config.json
+    _save_atomic(_Saves("config.json"), _Saves("tokenizer.json"), target, {"sft_steps": 1})
+    assert (target / "config.json").is_file() and not (target / "leftover").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]  # no temporary or set-aside folder left
+    _save_atomic(_Saves("model.safetensors"), _Saves("tokenizer.json"), target, {})  # a complete one is kept
+    assert not (target / "model.safetensors").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["policy"]

@@ -180,6 +180,11 @@ def _save_atomic(model, tokenizer, target: Path, meta: dict) -> None:
     try:
         tmp.rename(target)  # atomic: a concurrent builder either wins or finds it done
     except OSError:
+        if not (target / "config.json").is_file():  # a folder without a model (half deleted): set aside, then replaced
+            aside = target.with_name(target.name + f".broken{os.getpid()}")
+            target.rename(aside)
+            tmp.rename(target)
+            shutil.rmtree(aside, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
