@@ -73,6 +73,7 @@ def test_one_step_per_rollout_follows_trls_rule():
     (["lora.enabled=false"], ["lora.r has no effect: lora.enabled is false", "lora.alpha has no effect", "lora.dropout has no effect"]),
     (["distributed.gpus_per_worker=2"], ["distributed.gpus_per_worker has no effect: distributed.use_gpu is false"]),
     (["distributed.resize_check_s=5"], ["distributed.resize_check_s has no effect: distributed.num_workers is a fixed count"]),
+    (["distributed.placement=spread"], ["distributed.placement has no effect: distributed.num_workers is 1"]),
     (["rewards.weights={rouge_l: 1, eos: 0}", "rewards.eos_bonus=0.3"],
      ["rewards.eos_bonus has no effect on the reward: rewards.weights.eos is 0"]),
     (["rewards.overlong_weight=0", "rewards.overlong_buffer=32"], ["rewards.overlong_buffer has no effect: rewards.overlong_weight is 0"]),

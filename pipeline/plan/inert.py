@@ -120,6 +120,10 @@ def _modes_off_inert(cfg: RunConfig) -> list[str]:
     if isinstance(cfg.distributed.num_workers, int):
         out += [f"distributed.{n} has no effect: distributed.num_workers is a fixed count (an elastic group is [min, max])"
                 for n in _changed(cfg.distributed, ("resize_check_s",))]
+    workers = cfg.distributed.num_workers
+    if (workers if isinstance(workers, int) else max(workers)) == 1:
+        out += [f"distributed.{n} has no effect: distributed.num_workers is 1 (one worker has nothing to spread or pack)"
+                for n in _changed(cfg.distributed, ("placement",))]
     r = cfg.rewards
     if not r.weights.get("eos"):
         out += [f"rewards.{n} has no effect on the reward: rewards.weights.eos is 0 (the eos component is only logged)"
