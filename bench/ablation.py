@@ -14,6 +14,7 @@ the kept rows, so a new doctor rule applies to old runs.
 
     python -m bench.ablation [--arms ours ours-eos ...] [--seeds 44 45 46] [--steps 100] [--json]
                              [--results bench/results/ablation] [--figure docs/img/ablation.png] [--report-only]
+                             [--markdown]
 """
 
 from __future__ import annotations
@@ -170,6 +171,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--report-only", action="store_true", help="train nothing: report the kept runs")
     ap.add_argument("--figure", default=None, help="write the forest plot here (e.g. docs/img/ablation.png)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="print the table as docs/ablation.md holds it")
     args = ap.parse_args(argv)
     unknown = [a for a in args.arms if a not in ARMS]
     if unknown:
@@ -204,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     result["meta"] = {**vars(settings), "seeds": args.seeds, "results": str(folder.root), "machine": machine()}
     if args.json:
         print_json(result)
+    elif args.markdown:
+        from bench.ablation_report import markdown_table  # lazy: as report
+
+        print(markdown_table(result, names))
     else:
         from bench.ablation_report import print_table  # lazy: as report
 

@@ -104,6 +104,7 @@ def forest_plot(result: dict, path: Path, settings) -> Path:
     """Each arm's difference to its reference with a +-2 SE bar, one panel per family."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     families = [("leave-one-out", "ours with one fix reverted (or turned on): difference to ours"),
                 ("add-one", "the baseline with one fix applied: difference to the baseline")]
@@ -117,9 +118,11 @@ def forest_plot(result: dict, path: Path, settings) -> Path:
             ax.errorbar(r["diff"], y, xerr=2 * r["diff_se"], fmt="o", color=color, capsize=3)
         ax.set_yticks(range(len(rows)), [n for n, _ in reversed(rows)])
         ax.axvline(0, color="black", linewidth=0.8)
+        ax.xaxis.set_major_locator(MaxNLocator(6))
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("held-out eval/score gain, difference (±2 SE)")
-    fig.suptitle(f"Ablation on the tiny policy: {settings.steps} steps, eval at {settings.eval_budget} tokens x "
+    seeds = sorted({s for r in result.values() if isinstance(r, dict) for s in r.get("seeds", [])})
+    fig.suptitle(f"Ablation on the tiny policy: {settings.steps} steps, seeds {seeds}, eval at {settings.eval_budget} tokens x "
                  f"{settings.eval_samples} samples ({machine()}); coloured beyond 2 SE", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,3 +148,22 @@ def print_table(result: dict, names: list[str]) -> None:
     for n in names:
         if result[n]["delta"]:
             print(f"  {n}: {' '.join(result[n]['delta'])}")
+
+
+def markdown_table(result: dict, names: list[str]) -> str:
+    """The table as docs/ablation.md holds it."""
+    def pm(v, se, bold=False):
+        if v is None:
+            return "n/a"
+        text = f"{v:+.3f} ± {se:.3f}"
+        return f"**{text}**" if bold else text
+
+    lines = ["| arm | seeds | gain ± se | difference to its reference ± se | held-out EOS rate | answer length | entropy retained | s/step | findings (share of seeds) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for n in names:
+        r = result[n]
+        diff = "" if r["family"] == "reference" else pm(r["diff"], r["diff_se"], r["significant"])
+        found = ", ".join(f"`{k}` {v}" for k, v in r["findings"].items()) or "none"
+        lines.append(f"| `{n}` | {len(r['seeds'])} | {pm(r['gain'], r['gain_se'])} | {diff} | {_fmt(r['eos_rate'])} | "
+                     f"{_fmt(r['mean_length'])} | {_fmt(r['entropy_retained'])} | {_fmt(r['sec_per_step'])} | {found} |")
+    return "\n".join(lines)

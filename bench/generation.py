@@ -129,7 +129,7 @@ def generate_vllm(cfg, policy: str, by_size: dict[int, list], budget: int, threa
         return [generated_length(list(o.outputs[0].token_ids), eos) for o in outs]
 
     result = {**timed_sizes(generate, by_size), "startup_s": round(startup, 3)}
-    del llm
+    llm = None  # the engine (and its KV cache) goes before the next measurement
     for k in own_env:
         os.environ.pop(k)
     return result
