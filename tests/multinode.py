@@ -7,9 +7,12 @@ cores): a head without CPU and two 2-CPU nodes, one training worker of 1.5 CPUs 
 never share a node. ``elastic``: ``num_workers: [1, 2]`` and two judges for 0.01 CPU each, which SPREAD
 puts one on each worker node (the head has no CPU), so the lost node takes a judge with it; Ray restarts
 it on the node left (a worker and both judges fit). When the first checkpoint is in storage, the node of
-one worker is removed; the run goes on with one worker; then a replacement node is added and the group
-grows back to two. ``fixed``: ``num_workers: 2``, the judge on the head (no CPU); the node of one worker
-is removed the same way, the run waits, then a replacement node is added and it resumes from storage.
+one worker is removed; the run goes on with one worker; once it has saved a checkpoint, a replacement node
+is added and the group grows back to two. ``fixed``: ``num_workers: 2``, the judge on the head (no CPU); the
+node of one worker is removed the same way, the run waits, then a replacement node is added and it resumes
+from storage. No step count keeps the run going until then: the surviving Train worker is frozen (SIGSTOP)
+while the node is removed, and (elastic) the group of one while the replacement comes and until Ray Train's
+controller has logged its decision to grow.
 ``shared``: ``synth-grpo train`` (the CLI's own code, on this cluster) with ``output.storage`` a plain
 folder standing in for a disk all nodes mount (NFS), under a run name the folder has never seen; then
 the same command with two more steps after the local run directory is deleted: it resumes from the
@@ -19,16 +22,20 @@ replacement is one of the two worker nodes of the next scenario.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
-# Enough steps that the node is gone well before the end: it is removed as soon as the first
-# checkpoint is registered in storage, and a step of the tiny policy takes about half a second.
-STEPS = 20
-ELASTIC_STEPS = 40  # one more restart (the grow back) and steps at half speed on one worker in between
+# The run cannot end ahead of what it waits for: the surviving Train worker is frozen (SIGSTOP) from the first
+# registered checkpoint until the node is removed, and (elastic) from the shrunk group's first checkpoint until Ray
+# Train has decided to grow back. Each freeze starts a fraction of a second after its condition: a step or two.
+STEPS = 8
+ELASTIC_STEPS = 16
 SCENARIOS = ("elastic", "fixed", "shared")  # the order they run in on the one cluster
 NODE_CPUS, WORKER_CPUS = 2, 1.5  # one worker per node: two never fit on one
 # A node whose raylet is killed is marked dead after health_check_failure_threshold failed checks
@@ -104,27 +111,31 @@ def node_loss(cluster, nodes: list, scenario: str, workdir: Path, storage: str) 
         nonlocal replacement
         while not registered_checkpoints(store) and thread.is_alive():
             time.sleep(0.2)
-        result["step_at_removal"] = last_step()
-        log.append(f"{time.time():.1f} removing node {victim.node_id}")
-        result["removed"] = victim.node_id
-        try:
-            cluster.remove_node(victim, allow_graceful=False)
-        except AssertionError as e:  # Ray's zombie check after the kill can trip on a loaded machine
-            log.append(f"remove_node: {e}")
-        if elastic:  # capacity returns once the group trains on one worker: it grows back
-            while thread.is_alive() and not any(e.get("event") == "resize" for e in _rows(run_dir, "events.jsonl")):
+        with _frozen(_train_worker_pids(but=victim.node_id)):
+            result["step_at_removal"] = last_step()
+            log.append(f"{time.time():.1f} removing node {victim.node_id}")
+            result["removed"] = victim.node_id
+            try:
+                cluster.remove_node(victim, allow_graceful=False)
+            except AssertionError as e:  # Ray's zombie check after the kill can trip on a loaded machine
+                log.append(f"remove_node: {e}")
+        if elastic:  # capacity returns once the group of one has trained and saved a checkpoint: it grows back
+            while thread.is_alive() and not (shrunk := [e["step"] for e in _rows(run_dir, "events.jsonl")
+                                                        if e.get("event") == "resize"]):
+                time.sleep(0.2)
+            while thread.is_alive() and not [c for c in registered_checkpoints(store) if int(c.rsplit("-", 1)[1]) > shrunk[0]]:
                 time.sleep(0.2)
             result["judges_at_shrink"] = _judge_nodes(pool)
             result["step_at_replacement"] = last_step()
+            with _frozen(_train_worker_pids()):
+                replacement = _add_replacement(cluster, result, log)
+                result["grow_decided"] = _wait_for_log(cluster, "resize the worker group from 1 -> 2", 300)
         else:
             # The group cannot restart with one node: it waits for capacity (the node is marked dead in
             # about 2 s: 5 s leaves some 3 s of waiting; with Ray's 15 s the replacement came before that)
             time.sleep(5)
             result["steps_while_waiting"] = last_step()
-        log.append(f"{time.time():.1f} adding a replacement node")
-        replacement = _retry(lambda: cluster.add_node(num_cpus=NODE_CPUS))
-        result["added"], result["added_at"] = replacement.node_id, time.time()
-        log.append(f"{time.time():.1f} replacement node up")
+            replacement = _add_replacement(cluster, result, log)
 
     def train() -> None:
         try:
@@ -174,6 +185,47 @@ def shared_folder(cluster, workdir: Path, storage: str) -> dict:
     result["ok"] = result["first"] == result["again"] == 0
     result["seconds"] = time.time() - t0
     return result
+
+
+def _add_replacement(cluster, result: dict, log: list[str]):
+    log.append(f"{time.time():.1f} adding a replacement node")
+    node = _retry(lambda: cluster.add_node(num_cpus=NODE_CPUS))
+    result["added"], result["added_at"] = node.node_id, time.time()
+    log.append(f"{time.time():.1f} replacement node up")
+    return node
+
+
+def _train_worker_pids(but: str = "") -> list[int]:
+    """Process ids of the live Ray Train workers (all nodes share this machine), but those on node ``but``."""
+    import ray
+
+    return [a["Pid"] for a in ray._private.state.actors().values() if a["ActorClassName"] == "RayTrainWorker"
+            and a["State"] == "ALIVE" and a["Address"]["NodeID"] != but]
+
+
+@contextlib.contextmanager
+def _frozen(pids: list[int]):
+    """The processes stopped (SIGSTOP) for the block, then continued: training waits, nothing else does."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # a worker of the node just lost
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _wait_for_log(cluster, text: str, timeout: float) -> bool:
+    """Whether a Ray Train controller logged ``text`` (its logs are the cluster's, on this machine) in time."""
+    logs = Path(cluster.head_node.get_logs_dir_path()) / "train"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(text in p.read_text(errors="replace") for p in logs.glob("ray-train-sys-controller-*.log")):
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def _judge_nodes(pool) -> list[dict]:

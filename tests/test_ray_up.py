@@ -21,6 +21,7 @@ multi-minute install.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -49,8 +50,9 @@ NODE_USER = "sgnode"
 PACKAGES = {"sshd": ("/usr/sbin/sshd", "openssh-server"), "prometheus": ("/usr/bin/prometheus", "prometheus"),
             "rsync": ("/usr/bin/rsync", "rsync")}
 JOB_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           # the node-loss job: a restart that still asks for the lost node's worker gives up after 30 s, not 60
-           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
+           # after the node loss, a restart that still asks for the lost node's worker gives up after 10 s, not 60: a
+           # start that times out is retried without limit (Ray Train's controller_failure_limit: -1), not a failure
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
 
 def fill_in(text: str, values: dict[str, str]) -> str:
     """cluster.yaml with the value of each `key: value  # FILL IN...` line replaced; every other byte kept."""
@@ -312,14 +314,16 @@ class Job:
         self.info = json.loads(body)
         return self.info["status"]
 
-    def wait(self, timeout: float, until=lambda: False) -> str:
-        """Poll until the job ends, or `until()` holds; the job's status."""
-        status, deadline = "PENDING", time.time() + timeout
+    def wait(self, timeout: float, until=lambda: False, every: float = 2) -> str:
+        """Poll until the job ends, or `until()` holds (asked each `every` seconds, the job's state each 2 s);
+        the job's status."""
+        status, deadline, polled = "PENDING", time.time() + timeout, 0.0
         while time.time() < deadline:
-            status = self.poll()
+            if time.time() - polled >= 2:
+                status, polled = self.poll(), time.time()
             if status in ("SUCCEEDED", "FAILED", "STOPPED") or until():
                 break
-            time.sleep(2)
+            time.sleep(every)
         return status
 
     def logs(self, keep: Path) -> str:
@@ -429,9 +433,8 @@ def test_ray_up_two_nodes_job_node_loss_ray_down(tiny_policy, tmp_path):
         assert (worker.home / ".ray" / "auth_token").read_text() == token and (worker.home / "synth-grpo" / "pipeline").is_dir()
         assert not (worker.home / "ray_bootstrap_key.pem").exists()
 
-        job = spread_job(head, token, shared, tmp_path, timings, t0)
-        node_loss(head, token, shared, tmp_path, timings, yaml.safe_load(config_text),
-                  min(n["resources_total"]["CPU"] for n in nodes))
+        job = spread_job_loses_a_node(head, token, shared, tmp_path, timings, t0, yaml.safe_load(config_text),
+                                      min(n["resources_total"]["CPU"] for n in nodes))
 
         prometheus_scraped_both(head, job.run_name)
         ray_down_and_clean(head, worker, config, homes_before, timings)
@@ -468,71 +471,98 @@ def head_ray_logs(head: Machine, pattern: str) -> list[Path]:
     return sorted((root / os.readlink(session).lstrip("/") / "logs").glob(pattern)) if session.is_symlink() else []
 
 
-def spread_job(head: Machine, token: str, shared: Path, keep: Path, timings: dict, t0: float) -> Job:
-    """Two Train workers, one per machine (distributed.placement: spread), one CPU each, ZeRO-2, the run in
-    the shared folder: the job succeeds, each step is logged once, the workers ran on both machines and the
-    checkpoint holds both ranks' optimizer shards."""
-    steps = 12
+def spread_job_loses_a_node(head: Machine, token: str, shared: Path, keep: Path, timings: dict, t0: float, config: dict,
+                            cpus: float) -> Job:
+    """One job, ZeRO-2, the run in the shared folder, `num_workers: [1, 2]` spread over both machines (each worker asks
+    for all of a machine's CPUs but the judge's 0.5: one slot per machine, since Ray Train's elastic policy counts
+    slots from a node's total CPUs). While both train: one Train worker per machine, and the first registered
+    checkpoint holds both ranks' optimizer shards. Then `ray stop` on the worker over SSH; the group shrinks to the
+    head's worker and trains on; cluster.yaml's worker start commands bring the machine back and the group grows to
+    two again. Every step is logged once, with the same samples per optimizer step throughout.
+
+    The order is made certain, not left to a step count: the surviving Train worker is frozen (SIGSTOP) while the
+    other machine goes and while it comes back, so no group can train to the end ahead of the loss or the return;
+    it goes on (SIGCONT) once the worker's Ray is stopped, and again once Ray Train has decided to grow."""
+    steps = 24  # each freeze starts within about a second of what it waits for: a few steps at most
     job = Job(head, token, "two-nodes", shared, [
-        "distributed.num_workers=2", "distributed.cpus_per_worker=1", "distributed.placement=spread",
-        "distributed.zero_stage=2", "optimization.per_device_train_batch_size=4", f"optimization.max_steps={steps}",
-        f"output.save_steps={steps}", f"eval.every_steps={steps}"])
-    status = job.wait(600)
-    logs = job.logs(keep)
-    timings["ray up -> first training step"] = job.first_step_at - t0
-    timings["first job, submission to end"] = (job.info["end_time"] - job.info["start_time"]) / 1000
-    assert status == "SUCCEEDED", f"job {status}:\n{logs[-5000:]}"
-    assert job.metadata.items() <= job.info["metadata"].items(), job.info["metadata"]
-    assert job.steps() == list(range(1, steps + 1)), job.steps()
-    assert sorted(job.ips("RayTrainWorker")) == [HEAD_IP, WORKER_IP], job.actors  # one Train worker per machine
-    assert job.named("judge-0") and job.named("scorer-0"), sorted(a.get("name") or "" for a in job.actors.values())
-    ckpt = job.store / "ray_train" / f"checkpoint-{steps:06d}"
-    shards = sorted(p.name.split("_mp_")[0] for p in ckpt.glob(f"global_step{steps}/*optim_states.pt"))
-    assert shards == ["zero_pp_rank_0", "zero_pp_rank_1"], sorted(str(p) for p in ckpt.rglob("*"))
-    assert (job.store / "adapter" / "adapter_model.safetensors").is_file() and (job.store / "summary.txt").is_file()
-    # Quiet job log: no bytecode listing, no error-level line from Ray Train's preemption watcher, the data line once.
-    assert "PreemptionWatcher" not in logs and not re.search(r"\bLOAD_(GLOBAL|FAST|ATTR)\b", logs), logs[-3000:]
-    assert len([line for line in logs.splitlines() if "data[bundled]:" in line]) == 1, logs[-3000:]
-    return job
-
-
-def node_loss(head: Machine, token: str, shared: Path, keep: Path, timings: dict, config: dict, cpus: float) -> None:
-    """num_workers: [1, 2], one worker per machine (each asks for all of a machine's CPUs but the judge's 0.5: one
-    slot per machine, since Ray Train's elastic policy counts slots from a node's total CPUs): once the first
-    checkpoint is registered, `ray stop` on the worker over SSH; the group shrinks to the head's worker and trains
-    on; cluster.yaml's worker start commands bring the machine back and the group grows to two again. Every
-    step is logged once, with the same samples per optimizer step throughout."""
-    steps = 60  # the grow restarts from the latest checkpoint: the group of one must outlast the worker's return
-    job = Job(head, token, "node-loss", shared, [
         "distributed.num_workers=[1,2]", f"distributed.cpus_per_worker={cpus - 0.5}", "distributed.placement=spread",
         "distributed.zero_stage=2", "distributed.resize_check_s=2", "distributed.max_failures=3",
         "optimization.per_device_train_batch_size=4", f"optimization.max_steps={steps}", "output.save_steps=4",
-        "eval.num_prompts=0"])
-    status = job.wait(600, until=lambda: bool(registered(job)) and len(set(job.ips("RayTrainWorker"))) == 2)
+        f"eval.every_steps={steps}"])
+    status = job.wait(600, until=lambda: bool(registered(job)), every=0.2)
     assert status == "RUNNING" and registered(job), f"job {status}:\n{job.logs(keep)[-5000:]}"
+    with frozen(head, job):  # both ranks stop training: the head's frozen, the worker's blocked in its collectives
+        timings["ray up -> first training step"] = job.first_step_at - t0
+        job.poll()
+        assert sorted(job.ips("RayTrainWorker")) == [HEAD_IP, WORKER_IP], job.actors  # one Train worker per machine
+        ckpt = job.store / "ray_train" / registered(job)[-1]
+        step = int(ckpt.name.rsplit("-", 1)[1])
+        shards = sorted(p.name.split("_mp_")[0] for p in ckpt.glob(f"global_step{step}/*optim_states.pt"))
+        assert shards == ["zero_pp_rank_0", "zero_pp_rank_1"], sorted(str(p) for p in ckpt.rglob("*"))
+        # The data line once: Ray Train's print patch (off in cluster.yaml) would print each line of a worker twice.
+        logs = job.logs(keep)
+        assert len([line for line in logs.splitlines() if "data[bundled]:" in line]) == 1, logs[-3000:]
+        lost_at = time.time()
+        stop = head.ssh(WORKER_IP, "ray stop")
+        assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
 
-    lost_at = time.time()
-    stop = head.ssh(WORKER_IP, "ray stop")
-    assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
     shrunk = lambda: [e for e in job.events("resize") if e["num_workers"] == 1]  # noqa: E731
-    status = job.wait(300, until=lambda: bool(shrunk()) and max(job.steps(), default=0) > shrunk()[0]["step"])
+    status = job.wait(300, until=shrunk)
     assert status == "RUNNING" and shrunk(), f"job {status}, events {job.events('workers', 'resize')}:\n{job.logs(keep)[-5000:]}"
     timings["node loss -> training again"] = time.time() - lost_at
+    status = job.wait(120, until=lambda: max(head_steps(head, job), default=0) > shrunk()[0]["step"], every=0.2)
+    assert status == "RUNNING", f"job {status}:\n{job.logs(keep)[-5000:]}"
 
-    back_at = time.time()
-    start = head.ssh(WORKER_IP, worker_start(config), timeout=300)
-    assert start.returncode == 0, start.stdout[-3000:] + start.stderr[-3000:]
+    with frozen(head, job, until_grown=True):  # the group of one trained a step; it waits for the machine's return
+        back_at = time.time()
+        start = head.ssh(WORKER_IP, worker_start(config), timeout=300)
+        assert start.returncode == 0, start.stdout[-3000:] + start.stderr[-3000:]
+        timings["worker start commands"] = time.time() - back_at
+    timings["node return -> decision to grow"] = time.time() - back_at
     grown = lambda: [e for e in job.events("resize") if e["num_workers"] == 2]  # noqa: E731
     status = job.wait(600)
     logs = job.logs(keep)
+    timings["job, submission to end"] = (job.info["end_time"] - job.info["start_time"]) / 1000
     assert status == "SUCCEEDED" and grown(), f"job {status}, events {job.events('workers', 'resize')}:\n{logs[-5000:]}"
     timings["node return -> grown group"] = grown()[0]["time"] - back_at
+    assert job.metadata.items() <= job.info["metadata"].items(), job.info["metadata"]
     assert job.steps() == list(range(1, steps + 1)), job.steps()
     sizes = [(e["event"], e["num_workers"]) for e in job.events("workers", "resize")]
     assert sizes[0] == ("workers", 2) and ("resize", 1) in sizes and sizes[-1] == ("resize", 2), sizes
     assert {e["samples_per_step"] for e in job.events("workers", "resize")} == {8}, job.events("workers", "resize")
+    assert job.named("judge-0") and job.named("scorer-0"), sorted(a.get("name") or "" for a in job.actors.values())
+    assert (job.store / "adapter" / "adapter_model.safetensors").is_file() and (job.store / "summary.txt").is_file()
+    # Quiet job log: no bytecode listing, no error-level line from Ray Train's preemption watcher.
+    assert "PreemptionWatcher" not in logs and not re.search(r"\bLOAD_(GLOBAL|FAST|ATTR)\b", logs), logs[-3000:]
     nodes = state(head, token, "nodes")
     assert sorted(n["node_ip"] for n in nodes if n["state"] == "ALIVE") == [HEAD_IP, WORKER_IP], nodes
+    return job
+
+
+def head_steps(head: Machine, job: Job) -> list[int]:
+    """Steps in the run directory of the head's rank 0 (its private /tmp), as they are logged: the shared folder
+    gets them every 2 s."""
+    local = Path(f"/proc/{head.init_pid}/root/tmp/sg-runs") / job.run_name / "metrics.jsonl"
+    return [r["step"] for r in read_metrics(local) if "reward" in r]
+
+
+@contextlib.contextmanager
+def frozen(head: Machine, job: Job, until_grown: bool = False):
+    """The head's live Train worker stopped (SIGSTOP) for the block, then continued; with until_grown, not before Ray
+    Train's controller logged its decision to grow the group (which then shuts the worker down)."""
+    pids = [a["pid"] for a in state(head, job.token, "actors") if a.get("class_name") == "RayTrainWorker"
+            and a.get("state") == "ALIVE" and job.node_ips.get(a.get("node_id") or "") == HEAD_IP]
+    assert len(pids) == 1, pids
+    head.run(["kill", "-STOP", str(pids[0])], timeout=30).check_returncode()
+    try:
+        yield
+        deadline = time.time() + 300
+        while until_grown and time.time() < deadline and not any(
+                "resize the worker group from 1 -> 2" in p.read_text(errors="replace")
+                for p in head_ray_logs(head, "train/ray-train-sys-controller-*.log")):
+            time.sleep(0.5)
+    finally:
+        head.run(["kill", "-CONT", str(pids[0])], timeout=30)
 
 
 def ray_down_and_clean(head: Machine, worker: Machine, config: Path, homes_before: dict, timings: dict) -> None:
