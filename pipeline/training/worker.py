@@ -316,6 +316,9 @@ def train_loop_per_worker(config: dict) -> None:
     timed(timings, "callbacks", build_callbacks, run)
     timed(timings, "restore", restore, run)
     timed(timings, "build_trainer", build_trainer, run)
+    loaded = timed(timings, "judges", judges_loaded, run)
+    if not loaded:  # a cause no retry fixes is in the fatal-error file
+        return
     timed(timings, "train", train, run)
     finished = timed(timings, "finish", unless_retry_cannot_fix, run, finish)
     if finished and run.is_rank0 and not run.finished:  # a rerun of a finished run saw no step: keep what the run wrote
@@ -469,6 +472,16 @@ def finish(run: WorkerRun) -> None:
         if not run.finished:  # a rerun of a finished run saw no step: keep what the run wrote
             write_atomic(run.run_dir / LENGTH_CHANGES, json.dumps(run.parts.length_ctl.changes))
             run.parts.health.write(run.run_dir / HEALTH)
+
+
+def judges_loaded(run: WorkerRun) -> bool:
+    """Wait for the reward pool's actors, which load while this worker loads its policy (driver.run_training).
+    False: one could not be created (a judge model that cannot load), its cause in the fatal-error file: Ray
+    Train would retry a raised error and every retry would fail the same way."""
+    cause = run.args.pool.creation_error()
+    if cause and run.is_rank0:
+        write_atomic(run.run_dir / FATAL_FILE, cause + "\n")
+    return cause is None
 
 
 def unless_retry_cannot_fix(run: WorkerRun, phase) -> bool:
