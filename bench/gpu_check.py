@@ -48,6 +48,7 @@ from pipeline.config import REPO_ROOT, ConfigError, DataSection, load_config
 from pipeline.data.sources import load_records
 from pipeline.data.tiny_models import CHAT_TEMPLATE, train_byte_level_bpe
 from pipeline.plan import memory as M
+import pipeline.training.driver as driver
 import pipeline.training.worker as worker
 from pipeline.training.driver import init_ray, prepare_run_dir, run_training
 from pipeline.seams.trl_seams import replace_rollout_methods, rollout_methods
@@ -385,14 +386,14 @@ def pickled_by_value():
 
 @contextlib.contextmanager
 def probed_worker_loop():
-    """`pipeline.training.driver.build_trainer` starts `pipeline.training.worker.train_loop_per_worker`; point it at the probed
-    loop for this run only (the workers import the unmodified module and the probed loop calls into it)."""
-    original = worker.train_loop_per_worker
-    worker.train_loop_per_worker = probed_train_loop
+    """`pipeline.training.driver.build_trainer` hands Ray Train `driver.ray_train_loop`; point it at the probed loop
+    for this run only (pickled by value; the workers import the unmodified modules and the probed loop calls into them)."""
+    original = driver.ray_train_loop
+    driver.ray_train_loop = probed_train_loop
     try:
         yield
     finally:
-        worker.train_loop_per_worker = original
+        driver.ray_train_loop = original
 
 
 # ---------------------------------------------------------------- judge: one pass vs generate-and-parse

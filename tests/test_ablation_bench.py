@@ -66,7 +66,7 @@ def test_bad_arguments_exit_2_naming_the_option(capsys):
 @pytest.mark.slow
 def test_quick_mode_trains_two_arms_once_and_continues_from_the_kept_runs(ray_local, tiny_policy, tmp_path, capsys):
     argv = ["--arms", "ours", "ours-eos", "--seeds", "1", "--steps", "4", "--eval-every", "4", "--eval-samples", "2",
-            "--results", str(tmp_path), "--json"]
+            "--eval-budget", "24", "--results", str(tmp_path), "--json"]
     assert ablation.main(argv) == 0
     out = capsys.readouterr()
     result = json.loads(out.out)

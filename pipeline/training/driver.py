@@ -163,7 +163,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
     if d.use_gpu:
         resources["GPU"] = training_worker_gpus(cfg)
     return TorchTrainer(
-        _worker_loop,
+        ray_train_loop,
         train_loop_config=WorkerArgs(cfg, run_dir.resolve(), pool, length_ceiling, store).loop_config(),
         scaling_config=ScalingConfig(num_workers=scaling_num_workers(cfg), use_gpu=d.use_gpu, resources_per_worker=resources,
                                      placement_strategy=d.placement.upper(), elastic_resize_monitor_interval_s=d.resize_check_s),
@@ -180,8 +180,9 @@ def build_trainer(cfg: RunConfig, run_dir: Path, pool, length_ceiling: int | Non
     )
 
 
-def _worker_loop(config: dict) -> None:
-    """Ray Train's loop, imported where it runs: the driver itself never loads transformers and TRL."""
+def ray_train_loop(config: dict) -> None:
+    """What build_trainer hands Ray Train: the worker's loop, imported where it runs, so the driver itself
+    never loads transformers and TRL (bench/gpu_check.py puts its probed loop in this name's place)."""
     from pipeline.training.worker import train_loop_per_worker  # imports torch, transformers, TRL: the worker's
 
     train_loop_per_worker(config)
