@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import machine
-from bench.pathologies import RUNS, TASK, _fmt, summarize_run
+from bench.pathologies import RUNS, TASK, fmt_value, summarize_run
 from pipeline.config import load_config
 
 
@@ -142,8 +142,8 @@ def print_table(result: dict, names: list[str]) -> None:
         diff = "" if r["diff"] is None else f"{r['diff']:+.3f} ± {r['diff_se']:.3f}{' *' if r['significant'] else '  '}"
         gain = "n/a" if r["gain"] is None else f"{r['gain']:+.3f} ± {r['gain_se']:.3f}"
         found = ", ".join(f"{k} {v}" for k, v in r["findings"].items()) or "none"
-        print(f"{n:18} {len(r['seeds']):>5} {gain:>16} {diff:>18} {_fmt(r['eos_rate']):>5} {_fmt(r['mean_length']):>5} "
-              f"{_fmt(r['entropy_retained']):>7} {_fmt(r['sec_per_step']):>6}  {found}")
+        print(f"{n:18} {len(r['seeds']):>5} {gain:>16} {diff:>18} {fmt_value(r['eos_rate']):>5} {fmt_value(r['mean_length']):>5} "
+              f"{fmt_value(r['entropy_retained']):>7} {fmt_value(r['sec_per_step']):>6}  {found}")
     print("* beyond 2 SE. Deltas:")
     for n in names:
         if result[n]["delta"]:
@@ -164,6 +164,6 @@ def markdown_table(result: dict, names: list[str]) -> str:
         r = result[n]
         diff = "" if r["family"] == "reference" else pm(r["diff"], r["diff_se"], r["significant"])
         found = ", ".join(f"`{k}` {v}" for k, v in r["findings"].items()) or "none"
-        lines.append(f"| `{n}` | {len(r['seeds'])} | {pm(r['gain'], r['gain_se'])} | {diff} | {_fmt(r['eos_rate'])} | "
-                     f"{_fmt(r['mean_length'])} | {_fmt(r['entropy_retained'])} | {_fmt(r['sec_per_step'])} | {found} |")
+        lines.append(f"| `{n}` | {len(r['seeds'])} | {pm(r['gain'], r['gain_se'])} | {diff} | {fmt_value(r['eos_rate'])} | "
+                     f"{fmt_value(r['mean_length'])} | {fmt_value(r['entropy_retained'])} | {fmt_value(r['sec_per_step'])} | {found} |")
     return "\n".join(lines)

@@ -152,15 +152,15 @@ def compare(ours: dict[int, dict], base: dict[int, dict]) -> dict:
     return {"per_seed": per, "diff": mean, "se": se, "diff_over_se": mean / se if mean is not None and se else None}
 
 
-def _fmt(v) -> str:
+def fmt_value(v) -> str:
     if v is None:
         return "n/a"
     if isinstance(v, float):
         return f"{v:.3f}"
     if isinstance(v, list):
-        return ", ".join(map(_fmt, v)) or "none"
+        return ", ".join(map(fmt_value, v)) or "none"
     if isinstance(v, dict):
-        return " ".join(f"{k} {_fmt(x[0])}->{_fmt(x[1])}" if isinstance(x, list) else f"{k} {_fmt(x)}" for k, x in v.items())
+        return " ".join(f"{k} {fmt_value(x[0])}->{fmt_value(x[1])}" if isinstance(x, list) else f"{k} {fmt_value(x)}" for k, x in v.items())
     return str(v)
 
 
@@ -225,14 +225,14 @@ def print_table(result: dict, per: dict[str, dict[int, dict]], args: argparse.Na
         print(f"-- seed {seed}")
         print(f"{'':28}{'baseline (seed)':>24}  {'ours':<40}")
         for k in keys:
-            print(f"{k:28}{_fmt(per['baseline'][seed][k]):>24}  {_fmt(per['ours'][seed][k]):<40}")
+            print(f"{k:28}{fmt_value(per['baseline'][seed][k]):>24}  {fmt_value(per['ours'][seed][k]):<40}")
     for name in RUNS:
         r = result[name]
-        print(f"{name}: eval/score gain {_fmt(r['eval_score_gain'])} (se {_fmt(r['eval_score_gain_se'])}, "
-              f"sd over seeds {_fmt(r['eval_score_gain_sd_over_seeds'])}), KL to initial {_fmt(r['kl_to_initial_last'])}")
+        print(f"{name}: eval/score gain {fmt_value(r['eval_score_gain'])} (se {fmt_value(r['eval_score_gain_se'])}, "
+              f"sd over seeds {fmt_value(r['eval_score_gain_sd_over_seeds'])}), KL to initial {fmt_value(r['kl_to_initial_last'])}")
     c = result["ours_minus_baseline"]
-    print(f"ours - baseline gain: {_fmt(c['diff'])} (se {_fmt(c['se'])}, {_fmt(c['diff_over_se'])} se); per seed "
-          + "; ".join(f"{s}: {_fmt(d['diff'])} +- {_fmt(d['se'])}" for s, d in c["per_seed"].items()))
+    print(f"ours - baseline gain: {fmt_value(c['diff'])} (se {fmt_value(c['se'])}, {fmt_value(c['diff_over_se'])} se); per seed "
+          + "; ".join(f"{s}: {fmt_value(d['diff'])} +- {fmt_value(d['se'])}" for s, d in c["per_seed"].items()))
     print(f"total {result['meta']['seconds']:.0f} s")
     if "figure" in result:
         print(f"figure: {result['figure']['table']} and {len(result['figure']) - 1} PNGs beside it")

@@ -191,15 +191,10 @@ def never_stops(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | 
 
 
 def entropy_collapse(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
-    k = h.first_index_with("entropy", s.early_steps)
-    if k is None or k >= end:
+    r = _early_and_now(h, "entropy", end, s)
+    if r is None or r[1] >= s.entropy_fraction * r[0]:
         return None
-    early = h.mean("entropy", 0, k)
-    w = s.window(end)
-    a = max(k, end - w)
-    cur = h.mean("entropy", a, end, min_count=max(2, min(w, end - a) // 2))
-    if cur is None or not early or early <= 0 or cur >= s.entropy_fraction * early:
-        return None
+    early, cur, k, a = r
     target = round(0.5 * early, 2)
     ev = {"early_entropy": _r(early), "early_steps": _span(h, 0, k), "entropy": _r(cur), "steps": _span(h, a, end),
           "ratio": _r(cur / early, 3), "threshold_fraction": s.entropy_fraction}
@@ -221,7 +216,7 @@ def entropy_collapse(h: History, end: int, s: RuleSettings, cfg: Mapping[str, An
     )
 
 
-def _rise(h: History, key: str, end: int, s: RuleSettings) -> tuple[float, float, int, int] | None:
+def _early_and_now(h: History, key: str, end: int, s: RuleSettings) -> tuple[float, float, int, int] | None:
     """(early mean, mean over the last window, early rows, window start) of ``key``; None until both exist."""
     k = h.first_index_with(key, s.early_steps)
     if k is None or k >= end:
@@ -233,7 +228,7 @@ def _rise(h: History, key: str, end: int, s: RuleSettings) -> tuple[float, float
 
 
 def entropy_blowup(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
-    r = _rise(h, "entropy", end, s)
+    r = _early_and_now(h, "entropy", end, s)
     if r is None or r[1] < s.entropy_rise * r[0] or r[1] - r[0] < s.entropy_rise_nats:
         return None
     early, cur, k, a = r
@@ -261,7 +256,7 @@ def entropy_blowup(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any]
 
 
 def length_overshoot(h: History, end: int, s: RuleSettings, cfg: Mapping[str, Any] | None = None) -> Finding | None:
-    r = _rise(h, "completions/mean_length", end, s)
+    r = _early_and_now(h, "completions/mean_length", end, s)
     if r is None or r[1] < s.length_growth * r[0]:
         return None
     early, cur, k, a = r
