@@ -179,6 +179,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("steps", "eval_budget", "eval_samples", "eval_every"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: expected a positive whole number, got {getattr(args, name)}")
+    if Path(args.results).exists() and not Path(args.results).is_dir():  # before any run is trained
+        ap.error(f"--results: {args.results} is not a folder")
     if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
         ap.error(f"--seeds: expected distinct seeds >= 0, got {args.seeds}")
     return args
@@ -199,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     names = with_references(args.arms)
     try:
         runs = train_missing(names, args.seeds, folder, train=not args.report_only)
-    except (ResultsError, ConfigError) as e:  # a kept run of other settings; an arm a changed config refuses
-        print(f"error: {e}", file=sys.stderr)
+        result = report(runs, names, ARMS, settings, figure=args.figure)
+    except (ResultsError, ConfigError, OSError) as e:  # a kept run of other settings, a config an arm cannot load,
+        print(f"error: {e}", file=sys.stderr)          # a --results or --figure path that cannot be written
         return 2
-    result = report(runs, names, ARMS, settings, figure=args.figure)
     result["meta"] = {**vars(settings), "seeds": args.seeds, "results": str(folder.root), "machine": machine()}
     if args.json:
         print_json(result)

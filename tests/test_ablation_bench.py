@@ -55,12 +55,19 @@ def test_paired_difference_takes_the_larger_of_seed_spread_and_evaluation_error(
     assert paired_difference({4: run(0.1, 0.01)}, ref) == (None, None, 0)  # no shared seed, no difference
 
 
-def test_bad_arguments_exit_2_naming_the_option(capsys):
+def test_bad_arguments_exit_2_naming_the_option(capsys, tmp_path):
     for argv, named in ((["--arms", "ours", "nonsense"], "--arms: unknown nonsense"), (["--steps", "0"], "--steps"),
                         (["--seeds", "3", "3"], "--seeds")):
         with pytest.raises(SystemExit) as exit_:
             ablation.main(argv)
         assert exit_.value.code == 2 and named in capsys.readouterr().err
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert ablation.main(["--report-only", "--results", str(tmp_path), "--figure", str(a_file / "forest.png")]) == 2
+    assert "a-file" in capsys.readouterr().err  # the figure's folder is a file: named, no traceback
+    with pytest.raises(SystemExit) as exit_:
+        ablation.main(["--results", str(a_file)])
+    assert exit_.value.code == 2 and "--results: " in capsys.readouterr().err  # before any run is trained
 
 
 @pytest.mark.slow
