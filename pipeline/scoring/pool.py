@@ -159,7 +159,7 @@ class RewardPool:
         try:
             ray.get(self.warm_ups)
         except Exception as e:
-            raise RewardPoolError(f"reward pool: could not start the judge ({self.judge_spec}): {e}") from e
+            raise RewardPoolError(self._cannot_start(e)) from e
         return self
 
     def creation_error(self) -> str | None:
@@ -168,8 +168,11 @@ class RewardPool:
         try:
             ray.get([a.pid.remote() for a in self.judges + self.scorers])
         except ray.exceptions.RayActorError as e:
-            return f"reward pool: could not start the judge ({self.judge_spec}): {e}"
+            return self._cannot_start(e)
         return None
+
+    def _cannot_start(self, error: BaseException) -> str:
+        return f"reward pool: could not start the judge ({self.judge_spec}): {error}"
 
     async def _call(
         self, actors: list[Any], names: list[str], method: str, columns: Sequence[list], extra: tuple = (),
