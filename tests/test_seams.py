@@ -520,3 +520,27 @@ def test_the_print_patch_switch_is_the_one_ray_train_reads():
     from ray.train.v2._internal import constants
 
     assert ray_seams.NO_TRAIN_PRINT_PATCH == {constants.ENABLE_PRINT_PATCH_ENV_VAR: "0"}
+
+
+def test_deepspeeds_cpu_backend_starts_without_compiling_its_shm_allreduce(tmp_path):
+    """What a ZeRO worker on CPU does first (worker.train_loop_per_worker): DeepSpeed's torch backend
+    starts (gloo) with its shared-memory all-reduce absent, and nothing compiled into a fresh extensions
+    folder. Without the seam this start compiles C++ for 45-150 s here."""
+    import os
+    import subprocess
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    code = ("from pipeline.seams.deepspeed_seams import skip_shm_allreduce_build; skip_shm_allreduce_build()\n"
+            "import deepspeed; from deepspeed import comm\n"
+            f"deepspeed.init_distributed(dist_backend='gloo', rank=0, world_size=1, distributed_port={port}, verbose=False)\n"
+            "print('shm op:', comm.comm.cdb.shm_comm_op, 'world:', comm.get_world_size())\n")
+    extensions = tmp_path / "torch_extensions"
+    extensions.mkdir()
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "shm op: None world: 1" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert not list(extensions.iterdir())  # nothing built

@@ -59,3 +59,17 @@ def zero_to_universal(input_folder: Path, output_folder: Path) -> None:
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         ds_to_universal(universal_converter_args(input_folder, output_folder))
+
+
+def skip_shm_allreduce_build() -> None:
+    """deepspeed 0.19.8 compiles its shared-memory all-reduce (``deepspeed_shm_comm``, C++ built on the
+    spot: 45-150 s on 2 cores, and a compiler the machine may lack) whenever its torch backend starts on
+    CPU (``deepspeed.comm.torch.build_shm_op``). Only ``inference_all_reduce`` (tensor-parallel
+    inference) uses it; ZeRO training's collectives go through torch.distributed (gloo), and
+    ``inference_all_reduce`` falls back to it too. If DeepSpeed renames the function, the op is built
+    again: slower, not wrong (tests/test_seams.py starts the backend in a fresh extensions folder)."""
+    import importlib
+
+    # not `import deepspeed.comm.torch as m`: `deepspeed.comm` re-exports torch itself under that name
+    backend = importlib.import_module("deepspeed.comm.torch")  # heavy: only a DeepSpeed worker
+    backend.build_shm_op = lambda: None

@@ -33,6 +33,7 @@ from pipeline.rundir.storage import RunFileSync, remove_unregistered_checkpoints
 from pipeline.scoring.clients import make_pool_reward_funcs
 from pipeline.training.callbacks import (Evaluator, MetricsSink, RayTrainReporter, SamplesWriter, training_callbacks,
                                          truncate_jsonl)
+from pipeline.seams.deepspeed_seams import skip_shm_allreduce_build
 from pipeline.seams.transformers_seams import deepspeed_resume_from
 from pipeline.seams.trl_seams import keep_vllm_unloaded
 from pipeline.training.elastic import record_world_size, reshard_for_group, resized
@@ -308,6 +309,8 @@ def train_loop_per_worker(config: dict) -> None:
     args = WorkerArgs.of(config)
     if args.cfg.generation.backend != "vllm":
         keep_vllm_unloaded()  # before TRL is imported: it would import vLLM, unused here
+    if args.cfg.distributed.zero_stage:
+        skip_shm_allreduce_build()  # before DeepSpeed's torch backend starts: an op ZeRO training never calls
     timings: dict[str, float] = {}
     run = timed(timings, "setup", set_up, args)
     if run is None:  # a cause no retry fixes is in the fatal-error file
