@@ -84,7 +84,7 @@ FIELD_TESTS: dict[str, str] = {
     "eval.every_steps": "tests/test_train_ray.py::test_two_workers_zero2_end_to_end",
     "eval.max_new_tokens": "tests/test_eval.py::test_eval_budget_is_the_field_or_the_runs_largest_length",
     "eval.samples_per_prompt": "tests/test_eval.py::test_learning_rates_10x_apart_end_with_different_eval_scores",
-    "eval.score_weights": "tests/test_tune.py::test_three_trial_search_results_best_config_and_training_from_it",
+    "eval.score_weights": "tests/test_tune.py::test_crashed_search_resumes_then_results_best_config_and_training_from_it",
 }
 
 # Fields that reach TRL's GRPOConfig: (--set override, GRPOConfig attribute, expected value).

@@ -354,92 +354,7 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow
-def test_three_trial_search_results_best_config_and_training_from_it(ray_local, s3_server, tmp_path, capsys):
-    """...kept in S3 (moto's server) as well: Tune's state, the trials' checkpoints and files, the results."""
-
-    from pipeline.training.driver import run_training
-    from pipeline.tune.tuner import format_table, run_search
-    from tests.conftest import BUCKET
-
-    storage = f"s3://{BUCKET}/searches"
-    cfg = config_from_dict(small_tune(tmp_path, output={"storage": storage}))
-    cfg.output.run_name = "tiny"
-    missing = str(tmp_path / "no-such-model")
-    # One model folder fails to load (it passes the config's check, its config.json is broken): that
-    # trial errors, the others go on (Optuna's seeded draws pick both).
-    Path(missing).mkdir()
-    (Path(missing) / "config.json").write_text("{not json", encoding="utf-8")
-    s = parse_space(tiny_space({"model.name_or_path": {"choice": ["tiny", missing]}}), "tiny-space")
-    t0 = time.time()
-    out = run_search(cfg, s, log=print)
-    print(f"search took {time.time() - t0:.0f}s ({out.search_alg})")
-    print(format_table(out.rows, out.columns))
-    assert out.search_alg == "optuna" and not out.interrupted
-    assert out.exp_dir == (tmp_path / "tiny-tune").resolve()
-
-    rows = read_csv(out.results_csv)
-    assert len(rows) == 3 and [r["rank"] for r in rows] == ["1", "2", "3"]
-    failed = [r for r in rows if r["model.name_or_path"] == missing]
-    ok = [r for r in rows if r["model.name_or_path"] == "tiny"]
-    assert failed and ok, "the seeded draws should pick both models; choose another optimization.seed"
-    assert all(r["status"] == "error" and "no-such-model" in r["error"] and r[OBJECTIVE] == "" for r in failed)
-    scores = [float(r[OBJECTIVE]) for r in rows if r[OBJECTIVE]]
-    assert len(scores) == len(ok) and scores == sorted(scores, reverse=True)
-    assert rows[-1]["status"] == "error"  # trials without a score sort last
-    for r in ok:
-        assert r["status"] == "done" or r["status"].startswith("stopped@")
-        w = [float(r[f"rewards.weights.{c}"]) for c in ("rouge_l", "length", "judge")]
-        assert math.isclose(sum(w), 1.0, rel_tol=1e-6) and float(r["rewards.weights.eos"]) == 1.0
-        run_dir = Path(r["run_dir"])
-        assert run_dir.parent == out.exp_dir / "trials"
-        trial_cfg = load_config(run_dir / "config.yaml")
-        assert math.isclose(trial_cfg.optimization.learning_rate, float(r[LR]))
-        assert trial_cfg.optimization.per_device_train_batch_size == int(r[BATCH])
-        assert trial_cfg.generation_batch_size % int(r[NG]) == 0
-        assert (run_dir / "metrics.jsonl").exists() and (run_dir / "samples.jsonl").exists()
-        assert not (run_dir / RAY_TRAIN_DIR).exists()  # checkpoints only in the bucket (checked below)
-        if r["status"] == "done":
-            assert (run_dir / "adapter" / "adapter_config.json").exists()
-
-    # The best trial as a ready-to-run config, in its own run directory.
-    best = rows[0]
-    assert out.best_config == out.exp_dir / "best.yaml"
-    best_cfg = load_config(out.best_config)
-    assert best_cfg.output.run_name == "tiny-tune-best" and best_cfg.output.root == str(tmp_path.resolve())
-    assert math.isclose(best_cfg.optimization.learning_rate, float(best[LR]))
-    assert best_cfg.generation.num_generations == int(best[NG])
-    assert math.isclose(best_cfg.rewards.weights["judge"], float(best["rewards.weights.judge"]))
-    assert best_cfg.eval.score_weights == cfg.eval.score_weights
-
-    trained_cfg = load_config(out.best_config, ["optimization.max_steps=2", "eval.num_prompts=2", "output.storage=null"])
-    run_dir = tmp_path / trained_cfg.output.run_name
-    run_training(trained_cfg, run_dir, log=None)
-    assert (run_dir / "adapter" / "adapter_config.json").exists()
-    assert [m["step"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in m] == [1, 2]
-
-    # The same search in the bucket: Tune's state, every trial's checkpoints and files, the results.
-    store = RunStorage(storage, out.exp_dir.name)
-    files = store.list()
-    for name in ("base_config.yaml", "space.yaml", "results.csv", "best.yaml"):
-        assert name in files, (name, files)
-    assert any(f.startswith("tune/experiment_state") for f in files), files
-    for r in ok:
-        trial = f"trials/{r['trial_id']}"
-        for name in ("ray_train/checkpoint_manager_snapshot.json", "metrics.jsonl", "config.yaml"):
-            assert f"{trial}/{name}" in files, (trial, name, [f for f in files if f.startswith(trial)])
-        assert any(f.startswith(f"{trial}/{RAY_TRAIN_DIR}/checkpoint-") for f in files)
-        if r["status"] == "done":  # its last checkpoint too: ASHA's stop at max_t waits for the final report
-            assert f"{trial}/{RAY_TRAIN_DIR}/checkpoint-000004/trainer_state.json" in files
-            assert f"{trial}/adapter/adapter_config.json" in files
-            assert store.read_text(f"{trial}/metrics.jsonl") == (Path(r["run_dir"]) / "metrics.jsonl").read_text()
-    # Tune's saved state (tuner.pkl, experiment_state-*.json, search_gen_state-*.json: cloudpickle, some of it
-    # hex-encoded) holds the storage filesystem: no credential of the session's in it or anywhere else.
-    assert not leaked_credentials([*bucket_objects(), *local_files(tmp_path)])
-    # Resuming from the bucket alone, the local folder deleted: test_crashed_search_resumes_keeping_finished_trials
-
-
-# The crash test reads the search as the bucket holds it: what a resume from storage can use.
+# The search test reads the search as the bucket holds it: what a resume from storage can use.
 
 
 def trial_states(exp: RunStorage) -> dict[str, str]:
@@ -504,13 +419,17 @@ CRASH_STEPS = 8
 
 
 @pytest.mark.slow
-def test_crashed_search_resumes_keeping_finished_trials(s3_server, tmp_path):
-    """The CLI killed (with its whole local Ray) once a trial has finished, its local folder deleted:
-    --resume completes the rest from S3 (moto's server)."""
+def test_crashed_search_resumes_then_results_best_config_and_training_from_it(s3_server, tmp_path, request):
+    """One search of three trials through the CLI, kept in S3 (moto's server), one trial's model broken:
+    killed (with its whole local Ray) once a trial has finished, its local folder deleted, --resume
+    completes the rest from the bucket. Then what the search leaves: the table, the best config, a
+    training from it, and in the bucket Tune's state, the trials' checkpoints and files, the results.
+    One search serves all of it: each costs minutes of the suite."""
     import shutil
     import uuid
 
     from pipeline.rundir.storage import run_store
+    from pipeline.training.driver import run_training
     from tests.conftest import BUCKET
 
     cfg_path, space_path = tmp_path / "tiny.yaml", tmp_path / "space.yaml"
@@ -519,8 +438,16 @@ def test_crashed_search_resumes_keeping_finished_trials(s3_server, tmp_path):
     # trial's end was under a second and CI twice saw a whole search pass without one trial caught in it.
     data = small_tune(tmp_path, output={"storage": f"s3://{BUCKET}/crash-{uuid.uuid4().hex[:8]}"})
     data["optimization"]["max_steps"], data["eval"]["every_steps"] = CRASH_STEPS, 4
+    # One model folder fails to load (it passes the config's check, its config.json is broken): that trial
+    # errors, the others go on. Seed 8's draws put it second: the third trial starts once it has failed,
+    # behind the first, so it is mid-run when the first finishes (two trials started together could end together).
+    data["optimization"]["seed"] = 8
+    missing = tmp_path / "no-such-model"
+    missing.mkdir()
+    (missing / "config.json").write_text("{not json", encoding="utf-8")
     cfg_path.write_text(yaml.safe_dump(data))
-    space_path.write_text(yaml.safe_dump({**tiny_space(), "asha": {"grace_period": CRASH_STEPS}}))  # no early stops
+    space_path.write_text(yaml.safe_dump({**tiny_space({"model.name_or_path": {"choice": ["tiny", str(missing)]}}),
+                                          "asha": {"grace_period": CRASH_STEPS}}))  # no early stops
     exp_dir = tmp_path / "crash"
     exp = run_store(config_from_dict(data), name="crash")  # <storage>/crash/: Tune's state in tune/, the trials in trials/
     trial = exp.child(TRIALS_DIR).child
@@ -583,21 +510,69 @@ def test_crashed_search_resumes_keeping_finished_trials(s3_server, tmp_path):
     print(again.stdout[-4000:])
     print(f"resumed in {time.time() - t1:.0f} s")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "resuming" in again.stdout and "sorted by eval/score" in again.stdout
+    assert "resuming" in again.stdout and "sorted by eval/score" in again.stdout and "interrupted" not in again.stderr
+    assert ": search optuna," in log  # the first run's [tune] line: Optuna's seeded draws, not a fallback
     # The table, from the folder the resume rebuilt here (its results.csv and best.yaml also in the bucket).
     rows = read_csv(exp_dir / RESULTS_CSV)
-    assert len(rows) == 3 and {r["trial_id"] for r in rows} >= finished
+    assert len(rows) == 3 and [r["rank"] for r in rows] == ["1", "2", "3"] and {r["trial_id"] for r in rows} >= finished
     assert (exp_dir / BEST_CONFIG).exists() and exp.exists(BEST_CONFIG) and exp.exists(RESULTS_CSV)
+    failed = [r for r in rows if r["model.name_or_path"] == str(missing)]
+    ok = [r for r in rows if r["model.name_or_path"] == "tiny"]
+    assert len(failed) == 1 and len(ok) == 2, "the seeded draws should pick both models; choose another optimization.seed"
+    assert all(r["status"] == "error" and "no-such-model" in r["error"] and r[OBJECTIVE] == "" for r in failed)
+    scores = [float(r[OBJECTIVE]) for r in rows if r[OBJECTIVE]]
+    assert len(scores) == len(ok) and scores == sorted(scores, reverse=True)
+    assert rows[-1]["status"] == "error"  # trials without a score sort last
     # The trials, from the bucket: what the resume wrote there.
     for t, before in kept.items():  # finished trials were not run again
         assert f"[trial] {t} started" not in again.stdout, t
         assert fingerprint(trial(t)) == before, t
     for t, ckpt in caught_at.items():  # trials caught mid-run went on from their checkpoint, not from step 0
         assert resume_events(trial(t))[:1] == [ckpt], t
-    for r in rows:  # no step twice, none missing, none past max_steps
+    for r in ok:  # no step twice, none missing, none past max_steps
         t, steps = r["trial_id"], trained_steps(trial(r["trial_id"]))
         assert steps == list(range(1, CRASH_STEPS + 1)), (
             t, steps, f"at the crash the bucket held checkpoint {caught_at.get(t)} and metrics to step {logged.get(t)}")
         assert r["status"] == "done" and float(r["step"]) == CRASH_STEPS
-    # The CLI's search, crashed and resumed: no credential in the bucket or in the local folders and logs.
+        w = [float(r[f"rewards.weights.{c}"]) for c in ("rouge_l", "length", "judge")]
+        assert math.isclose(sum(w), 1.0, rel_tol=1e-6) and float(r["rewards.weights.eos"]) == 1.0
+        run_dir = Path(r["run_dir"])  # here: the trial's files the table needs (the rest is in the bucket)
+        assert run_dir.parent == exp_dir.resolve() / TRIALS_DIR
+        trial_cfg = load_config(run_dir / "config.yaml")
+        assert math.isclose(trial_cfg.optimization.learning_rate, float(r[LR]))
+        assert trial_cfg.optimization.per_device_train_batch_size == int(r[BATCH])
+        assert trial_cfg.generation_batch_size % int(r[NG]) == 0
+        assert (run_dir / "metrics.jsonl").exists() and (run_dir / "adapter" / "adapter_config.json").exists()
+        assert not (run_dir / RAY_TRAIN_DIR).exists()  # checkpoints only in the bucket (checked below)
+
+    # The best trial as a ready-to-run config, in its own run directory, and a training from it.
+    best, cfg = rows[0], config_from_dict(data)
+    best_cfg = load_config(exp_dir / BEST_CONFIG)
+    assert best_cfg.output.run_name == "crash-best" and best_cfg.output.root == str(tmp_path.resolve())
+    assert math.isclose(best_cfg.optimization.learning_rate, float(best[LR]))
+    assert best_cfg.generation.num_generations == int(best[NG])
+    assert math.isclose(best_cfg.rewards.weights["judge"], float(best["rewards.weights.judge"]))
+    assert best_cfg.eval.score_weights == cfg.eval.score_weights
+    trained_cfg = load_config(exp_dir / BEST_CONFIG, ["optimization.max_steps=2", "eval.num_prompts=2", "output.storage=null"])
+    run_dir = tmp_path / trained_cfg.output.run_name
+    request.getfixturevalue("ray_local")  # the session's Ray, here only now: the search ran its own
+    run_training(trained_cfg, run_dir, log=None)
+    assert (run_dir / "adapter" / "adapter_config.json").exists()
+    assert [m["step"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in m] == [1, 2]
+
+    # The search in the bucket: Tune's state, every trial's checkpoints and files, the results.
+    files = exp.list()
+    for name in ("base_config.yaml", "space.yaml", "results.csv", "best.yaml"):
+        assert name in files, (name, files)
+    assert any(f.startswith("tune/experiment_state") for f in files), files
+    for r in ok:
+        t = f"{TRIALS_DIR}/{r['trial_id']}"
+        for name in ("ray_train/checkpoint_manager_snapshot.json", "metrics.jsonl", "samples.jsonl", "config.yaml"):
+            assert f"{t}/{name}" in files, (t, name, [f for f in files if f.startswith(t)])
+        assert f"{t}/{RAY_TRAIN_DIR}/checkpoint-{CRASH_STEPS:06d}/trainer_state.json" in files  # the last one too
+        assert f"{t}/adapter/adapter_config.json" in files
+        assert exp.read_text(f"{t}/metrics.jsonl") == (Path(r["run_dir"]) / "metrics.jsonl").read_text()
+    # The CLI's search, crashed and resumed (Tune's saved state, tuner.pkl, experiment_state-*.json,
+    # search_gen_state-*.json, holds the storage filesystem): no credential of the session's in the
+    # bucket or in the local folders and logs.
     assert not leaked_credentials([*bucket_objects(), *local_files(tmp_path)])
