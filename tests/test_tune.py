@@ -354,6 +354,16 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def first_draws(space, seed: int, key: str, n: int) -> list:
+    """The first ``n`` values of ``key`` the search's seeded searcher suggests (search_algorithm, Tune's public
+    Searcher API): trials are asked for in this order, the space's keys in the order of its YAML file."""
+    from pipeline.tune.tuner import search_algorithm
+
+    alg, _ = search_algorithm(seed)
+    alg.set_search_properties(OBJECTIVE, "max", space.to_tune())
+    return [alg.suggest(f"draw-{i}")[key] for i in range(n)]
+
+
 # The search test reads the search as the bucket holds it: what a resume from storage can use.
 
 
@@ -439,15 +449,17 @@ def test_crashed_search_resumes_then_results_best_config_and_training_from_it(s3
     data = small_tune(tmp_path, output={"storage": f"s3://{BUCKET}/crash-{uuid.uuid4().hex[:8]}"})
     data["optimization"]["max_steps"], data["eval"]["every_steps"] = CRASH_STEPS, 4
     # One model folder fails to load (it passes the config's check, its config.json is broken): that trial
-    # errors, the others go on. Seed 8's draws put it second: the third trial starts once it has failed,
+    # errors, the others go on. Seed 6's draws put it second: the third trial starts once it has failed,
     # behind the first, so it is mid-run when the first finishes (two trials started together could end together).
-    data["optimization"]["seed"] = 8
+    data["optimization"]["seed"] = 6
     missing = tmp_path / "no-such-model"
     missing.mkdir()
     (missing / "config.json").write_text("{not json", encoding="utf-8")
     cfg_path.write_text(yaml.safe_dump(data))
     space_path.write_text(yaml.safe_dump({**tiny_space({"model.name_or_path": {"choice": ["tiny", str(missing)]}}),
                                           "asha": {"grace_period": CRASH_STEPS}}))  # no early stops
+    draws = first_draws(load_space(space_path), data["optimization"]["seed"], "model.name_or_path", 3)
+    assert draws == ["tiny", str(missing), "tiny"], f"Optuna's draws changed ({draws}): choose another optimization.seed"
     exp_dir = tmp_path / "crash"
     exp = run_store(config_from_dict(data), name="crash")  # <storage>/crash/: Tune's state in tune/, the trials in trials/
     trial = exp.child(TRIALS_DIR).child
