@@ -34,8 +34,10 @@ def rank_main(rank: int, world: int, phase: str, workdir: Path, port: int) -> No
     import torch
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
+    from pipeline.seams.deepspeed_seams import skip_shm_allreduce_build
     from pipeline.training.elastic import reshard
 
+    skip_shm_allreduce_build()  # as a ZeRO worker does (worker.train_loop_per_worker)
     deepspeed.init_distributed(dist_backend="gloo")
     net = model()
     universal = workdir / "universal"
