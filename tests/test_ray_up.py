@@ -283,10 +283,7 @@ class Job:
         self.id = f"synth-grpo-{secrets.token_hex(4)}"
         self.started = time.time()
         runtime_env = {"excludes": [".venv", ".cache", ".git", "runs", "*.egg-info"],
-                       "env_vars": {"SYNTH_GRPO_CACHE": os.environ["SYNTH_GRPO_CACHE"], **JOB_ENV,
-                                    # this machine's build of DeepSpeed's C++ ops: each node's home is new
-                                    "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
-                                                                           str(Path.home() / ".cache" / "torch_extensions"))}}
+                       "env_vars": {"SYNTH_GRPO_CACHE": os.environ["SYNTH_GRPO_CACHE"], **JOB_ENV}}
         self.metadata = {"run_name": run_name, "config": "configs/tiny.yaml"}
         args = ["--config", "configs/tiny.yaml", "--set", "eval.num_prompts=2", "--set", "logging.progress_bar=false",
                 "--set", "output.root=/tmp/sg-runs", "--set", f"output.storage={storage}", "--set", f"output.run_name={run_name}"]
