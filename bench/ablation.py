@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+if not __package__:  # run as a file (python bench/ablation.py): the repo root in bench/'s place, as python -m has it
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.common import REPO, init_local_ray, machine, print_json
 from bench.pathologies import RUNS, train_run
 from pipeline.config import ConfigError

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # run as a file (python bench/gpu_check.py): the repo root in bench/'s place, as python -m has it
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.common import print_json
 from pipeline.config import REPO_ROOT, ConfigError, DataSection, load_config
 from pipeline.data.sources import load_records

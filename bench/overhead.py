@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+if not __package__:  # run as a file (python bench/overhead.py): the repo root in bench/'s place, as python -m has it
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.common import REPO, init_local_ray, machine, print_json
 from pipeline.config import load_config
 from pipeline.data.sources import load_records

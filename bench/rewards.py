@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+if not __package__:  # run as a file (python bench/rewards.py): the repo root in bench/'s place, as python -m has it
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.common import print_json  # the offline environment, set before the judge's transformers loads
 from pipeline.data.tiny_models import train_byte_level_bpe
 from rewards.judge import GRADES, RUBRIC, LLMJudge
