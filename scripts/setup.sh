@@ -43,25 +43,23 @@ if [ -n "${CHECK:-}" ]; then
 fi
 python3 -m venv .venv
 . .venv/bin/activate
-# --no-compile: pip would byte-compile every module of every package (some 35,000 files with vLLM's CPU
-# build: 2-3 min of one core); Python compiles the few thousand a run imports, once, on first use.
-python -m pip install -q --no-compile --upgrade pip wheel setuptools
+python -m pip install -q --upgrade pip wheel setuptools
 if python -c "import torch" 2>/dev/null; then
   :
 elif [ "$wants_vllm" = 1 ]; then  # with a GPU
-  pip install -q --no-compile "trl[vllm]>=1.0"  # vLLM and the CUDA torch it pins
+  pip install -q "trl[vllm]>=1.0"  # vLLM and the CUDA torch it pins
 elif has_gpu; then
   cuda="$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\.\([0-9]*\).*/\1\2/p' | head -n1 || true)"
   if [ -z "${TORCH_CUDA:-}" ]; then
     if [ "${cuda:-0}" -ge 130 ]; then TORCH_CUDA=cu130; elif [ "${cuda:-0}" -ge 128 ]; then TORCH_CUDA=cu128; else TORCH_CUDA=cu126; fi
   fi
-  pip install -q --no-compile "torch==${TORCH_VERSION:-2.13.0}" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/$TORCH_CUDA}"
+  pip install -q "torch==${TORCH_VERSION:-2.13.0}" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/$TORCH_CUDA}"
 else
-  pip install -q --no-compile "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  pip install -q "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
 # DeepSpeed builds against the installed torch; build isolation would fetch another torch.
-pip install -q --no-compile --no-build-isolation "deepspeed>=0.19,<1" || pip install -q --no-compile "deepspeed>=0.19,<1"
-pip install -q --no-compile -e ".${pip_extras:+[$pip_extras]}"
+pip install -q --no-build-isolation "deepspeed>=0.19,<1" || pip install -q "deepspeed>=0.19,<1"
+pip install -q -e ".${pip_extras:+[$pip_extras]}"
 if [ "$wants_vllm" = cpu ]; then
   for pkg in torchvision torchaudio torchcodec; do
     if pip show -q "$pkg" 2>/dev/null && ! python -c "import $pkg" 2>/dev/null; then pip uninstall -q -y "$pkg"; fi
